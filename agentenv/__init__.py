@@ -1,0 +1,24 @@
+"""agentenv: train tool-using LLM agents with reinforcement learning.
+
+Importing this package loads neither vLLM, nor Docker, nor CUDA: backends load
+when a config asks for them.
+"""
+
+from agentenv.errors import AgentEnvError, ConfigError, InfraError, ToolError
+from agentenv.types import Generation, Group, SamplingParams, Segment, ToolResult, Trajectory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnvError",
+    "ConfigError",
+    "Generation",
+    "Group",
+    "InfraError",
+    "SamplingParams",
+    "Segment",
+    "ToolError",
+    "ToolResult",
+    "Trajectory",
+    "__version__",
+]

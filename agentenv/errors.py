@@ -1,0 +1,31 @@
+"""Errors by whose fault they are.
+
+- The agent's mistakes (bad code, malformed tool call) never raise: they become
+  a `ToolResult` the model reads.
+- A user's misconfiguration raises `ConfigError`, naming the key and the value.
+- Infrastructure faults raise `InfraError` (tools: `ToolError`) with a message
+  that says how to fix them. They are retried where that is safe and never
+  swallowed.
+"""
+
+from __future__ import annotations
+
+
+class AgentEnvError(Exception):
+    """Base class of every error agentenv raises on purpose."""
+
+
+class ConfigError(AgentEnvError, ValueError):
+    """A configuration value is invalid. The message names the key and the value."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class InfraError(AgentEnvError, RuntimeError):
+    """Something the run depends on is broken (daemon gone, server down, disk full)."""
+
+
+class ToolError(InfraError):
+    """A tool's infrastructure failed (not the agent's mistake). Says how to fix it."""

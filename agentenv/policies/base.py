@@ -1,0 +1,26 @@
+"""The Policy protocol: a language model that reports logprob and entropy per token."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+from agentenv.types import Generation, SamplingParams
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A sampler over token ids.
+
+    Concurrent `generate` calls (from the rollout engine's coroutines) are
+    batched by the backend. Every sampled token comes with the sampler's
+    log-probability and the entropy of the distribution it was drawn from (at
+    the sampling temperature).
+    """
+
+    tokenizer: Any
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Take the trainer's new weights (name -> tensor)."""
+        ...
