@@ -1,0 +1,84 @@
+"""What an algorithm plugin is made of: a sampler, an advantage estimator, a loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from agentenv.types import Group, SamplingParams
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one micro-batch. Per-token tensors are aligned with the
+    *predicted* tokens: column t describes `input_ids[:, t + 1]`, so T = L - 1.
+
+    Attributes:
+        input_ids: (B, L) token ids, right-padded.
+        attention_mask: (B, L) 1 on real tokens.
+        loss_mask: (B, T) 1.0 exactly on policy tokens of non-failed trajectories.
+        advantages: (B, T) per-token advantages (0 where masked).
+        old_logprobs: (B, T) logprobs under the weights that sampled, recomputed
+            by the trainer before the update.
+        sampler_logprobs: (B, T) what the policy backend reported while sampling.
+        ref_logprobs: (B, T) under the reference model, when a KL penalty is on.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return TrainBatch(**moved)
+
+    def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
+        picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return TrainBatch(**picked)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+MakeEnv = Callable[[], Any]
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Grows the Group of one task (independently for GRPO, as a tree for ARPO)."""
+
+    async def sample(
+        self, policy: Any, make_env: MakeEnv, task: Any, params: SamplingParams, seed: int
+    ) -> Group: ...
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """An RL algorithm plugin.
+
+    `config_cls` is a validated dataclass; the trainer builds it from the
+    `algorithm` section of the run config (minus `name`) and passes it to the
+    constructor.
+    """
+
+    config_cls: ClassVar[type]
+
+    def sampler(self) -> Sampler: ...
+
+    def group_size(self) -> int:
+        """Trajectories per task (G for GRPO, M for ARPO)."""
+        ...
+
+    def advantages(self, group: Group) -> list[torch.Tensor]:
+        """Per trajectory, a (len(trajectory),) tensor of per-token advantages."""
+        ...
+
+    def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
