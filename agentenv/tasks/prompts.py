@@ -1,0 +1,74 @@
+"""System prompts and prompt rendering (chat template -> token ids)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# ARPO's system prompt, as published in its verl parquet data, with the literal
+# backspace (`\x08`) that stood where `\b` of `\boxed` was meant repaired.
+ARPO_SYSTEM_PROMPT = (
+    "You are a helpful assistant that can solve the given question step by step with the help of the "
+    "wikipedia search tool and python interpreter tool. Given a question, you need to first think about "
+    "the reasoning process in the mind and then provide the answer. During thinking, you can invoke the "
+    "wikipedia search tool to search and python interpreter tool to calculate the math problem for fact "
+    "information about specific topics if needed. The reasoning process and answer are enclosed within "
+    "<think> </think> and <answer> </answer> tags respectively, and the search query and result are "
+    "enclosed within <search> </search> and <result> </result> tags respectively. For example, "
+    "<think> This is the reasoning process. </think> <search> search query here </search> "
+    "<result> search result here </result> <think> This is the reasoning process. </think> "
+    "<python> python code here </python> <result> python interpreter result here </result> "
+    "<think> This is the reasoning process. </think> <answer> The final answer is \\[ \\boxed{answer here} "
+    "\\] </answer>. In the last part of the answer, the final exact answer is enclosed within \\boxed{} "
+    "with latex format."
+)
+
+# Short on purpose: the tiny model has a small context and learns from few examples.
+TOY_SYSTEM_PROMPT = (
+    "Answer the question. Think step by step inside <think></think>. "
+    "To look up a fact, search with <search>query</search>. "
+    "To compute, run code with <python>code</python>. "
+    "Each tool result comes back in <result></result>. "
+    "Give the final answer as <answer>\\boxed{...}</answer>."
+)
+
+
+def _fallback_render(messages: Sequence[Mapping[str, str]]) -> str:
+    """`role: content` lines, then the open assistant turn."""
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join(lines) + "\nassistant:"
+
+
+def render_prompt_text(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+    """The prompt as text: the tokenizer's chat template, or a plain fallback.
+
+    Args:
+        tokenizer: A transformers tokenizer (or anything with `encode`). May be None
+            for the plain rendering.
+        messages: Chat messages, `{"role": ..., "content": ...}`.
+
+    Returns:
+        The rendered prompt, ending where the assistant's reply begins.
+    """
+    msgs = [dict(m) for m in messages]
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return _fallback_render(msgs)
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Render chat messages to prompt token ids, ready for generation.
+
+    Uses the tokenizer's chat template (with the generation prompt) where it has
+    one, else `system: ...\\nuser: ...\\nassistant:`. The text is encoded without
+    extra special tokens: the template already holds the ones it wants.
+
+    Args:
+        tokenizer: A transformers tokenizer.
+        messages: Chat messages, `{"role": ..., "content": ...}`.
+
+    Returns:
+        The prompt token ids.
+    """
+    text = render_prompt_text(tokenizer, messages)
+    return list(tokenizer.encode(text, add_special_tokens=False))
