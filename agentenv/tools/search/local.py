@@ -1,0 +1,79 @@
+"""The local search tool: a retriever (BM25 or dense) behind the Tool protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Protocol
+
+from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, Passage, format_pages, no_results_text
+from agentenv.types import ToolResult
+
+MAX_QUERY_CHARS = 2000
+"""Longer queries are answered with an error result (they are the model rambling, not a search)."""
+
+
+class Retriever(Protocol):
+    """Anything that ranks a corpus for a query (sync CPU work)."""
+
+    def search(self, query: str, k: int) -> list[Passage]: ...
+
+
+class LocalSearchTool:
+    """Search a local corpus; results as `Page i: title\\ntext` blocks.
+
+    Stateless: `fork()` returns self, so every episode shares one index.
+    Retrieval runs in a worker thread so the event loop keeps serving other
+    episodes while it scores.
+
+    Args:
+        retriever: Ranks the corpus (`BM25Retriever`, `DenseRetriever`).
+        k: Results per query.
+        max_chars: Each passage's text is cut to this many characters.
+        provider: Name reported in metadata and used as the cache key's provider.
+    """
+
+    name = "search"
+
+    def __init__(self, retriever: Retriever, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, provider: str = "local"):
+        self.retriever = retriever
+        self.k = k
+        self.max_chars = max_chars
+        self.provider = provider
+
+    @classmethod
+    def from_corpus(cls, corpus_path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, **bm25_kwargs) -> "LocalSearchTool":
+        """BM25 over `corpus_path`, loading or building the index beside it (see `BM25Retriever.from_corpus`)."""
+        from agentenv.tools.search.bm25 import BM25Retriever
+
+        return cls(BM25Retriever.from_corpus(corpus_path, **bm25_kwargs), k=k, max_chars=max_chars)
+
+    @property
+    def cache_params(self) -> dict:
+        """What, besides the query, decides this tool's answer (part of the cache key)."""
+        corpus = getattr(self.retriever, "corpus", None)
+        return {"k": self.k, "max_chars": self.max_chars, "corpus": getattr(corpus, "sha256", None)}
+
+    async def __call__(self, query: str) -> ToolResult:
+        t0 = time.perf_counter()
+        q = query.strip()
+        if not q:
+            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.")
+        if len(q) > MAX_QUERY_CHARS:
+            return ToolResult(
+                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS})."
+            )
+        hits = await asyncio.to_thread(self.retriever.search, q, self.k)
+        text = format_pages(hits, self.max_chars) if hits else no_results_text(q)
+        return ToolResult(
+            text=text,
+            latency_s=time.perf_counter() - t0,
+            metadata={"provider": self.provider, "num_results": len(hits), "ids": [h.id for h in hits]},
+        )
+
+    def fork(self) -> "LocalSearchTool":
+        return self
+
+    async def aclose(self) -> None:
+        return None
