@@ -1,5 +1,18 @@
 """Tasks: the Task record, dataset loaders, toy task generators and rewards."""
 
+from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, TOY_SYSTEM_PROMPT, render_prompt
 from agentenv.tasks.task import Task
+from agentenv.tasks.toy import ToyConfig, ToySuite, build_toy_suite, load_toy_tasks, reference_turns, write_corpus
 
-__all__ = ["Task"]
+__all__ = [
+    "ARPO_SYSTEM_PROMPT",
+    "TOY_SYSTEM_PROMPT",
+    "Task",
+    "ToyConfig",
+    "ToySuite",
+    "build_toy_suite",
+    "load_toy_tasks",
+    "reference_turns",
+    "render_prompt",
+    "write_corpus",
+]
