@@ -1,0 +1,103 @@
+"""Held-out evaluation: accuracy, unbiased pass@k, tool calls and tokens per task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from agentenv.tasks.task import Task
+from agentenv.training.passk import pass_at_k
+from agentenv.types import Group, SamplingParams
+
+
+@dataclass
+class EvalReport:
+    """What an evaluation measured.
+
+    Attributes:
+        accuracy: Share of all samples that were correct (= mean pass@1).
+        pass_at: k -> mean unbiased pass@k over tasks, for k = 1..samples.
+        reward: Mean reward over samples.
+        tool_calls: Mean tool calls per task (summed over its samples / samples).
+        tokens: Mean generated (policy) tokens per sample.
+        failed: Samples whose rollout failed on infrastructure.
+        by_kind: accuracy per `task.metadata["kind"]` (or ability).
+        n_tasks, n_samples: Sizes.
+    """
+
+    accuracy: float
+    pass_at: dict[int, float]
+    reward: float
+    tool_calls: float
+    tokens: float
+    failed: int
+    by_kind: dict[str, float] = field(default_factory=dict)
+    n_tasks: int = 0
+    n_samples: int = 0
+
+    def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        m = {
+            f"{prefix}accuracy": self.accuracy,
+            f"{prefix}reward": self.reward,
+            f"{prefix}tool_calls": self.tool_calls,
+            f"{prefix}tokens": self.tokens,
+            f"{prefix}failed": float(self.failed),
+        }
+        m.update({f"{prefix}pass@{k}": v for k, v in self.pass_at.items()})
+        m.update({f"{prefix}accuracy/{k}": v for k, v in self.by_kind.items()})
+        return m
+
+
+def is_correct(traj: Any) -> bool:
+    return bool(traj.info.get("correct", False)) and not traj.failed
+
+
+def summarize(groups: Sequence[Group]) -> EvalReport:
+    """Aggregate groups of samples (one group per task) into a report."""
+    if not groups:
+        return EvalReport(0.0, {}, 0.0, 0.0, 0.0, 0)
+    n = min(len(g) for g in groups)
+    correct = [[is_correct(t) for t in g] for g in groups]
+    pass_at = {k: float(np.mean([pass_at_k(len(c), sum(c), k) for c in correct])) for k in range(1, n + 1)}
+    trajs = [t for g in groups for t in g]
+    kinds: dict[str, list[bool]] = defaultdict(list)
+    for g, c in zip(groups, correct):
+        kinds[str(g.task.metadata.get("kind", g.task.ability))] += c
+    return EvalReport(
+        accuracy=float(np.mean([x for c in correct for x in c])),
+        pass_at=pass_at,
+        reward=float(np.mean([t.reward for t in trajs])),
+        tool_calls=float(np.mean([sum(t.num_tool_calls for t in g) / len(g) for g in groups])),
+        tokens=float(np.mean([t.num_policy_tokens for t in trajs])),
+        failed=sum(t.failed for t in trajs),
+        by_kind={k: float(np.mean(v)) for k, v in sorted(kinds.items())},
+        n_tasks=len(groups),
+        n_samples=len(trajs),
+    )
+
+
+async def evaluate(
+    policy: Any,
+    make_env: Callable[[], Any],
+    tasks: Sequence[Task],
+    *,
+    samples: int,
+    params: SamplingParams,
+    seed: int,
+    concurrency: int = 64,
+) -> EvalReport:
+    """Roll out `samples` independent episodes per task and summarize."""
+    from agentenv.rollout import run_group
+
+    sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
+
+    async def one(i: int, task: Task) -> Group:
+        async with sem:
+            return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919)
+
+    groups = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+    return summarize(groups)
