@@ -1,5 +1,6 @@
 """Tasks: the Task record, dataset loaders, toy task generators and rewards."""
 
+from agentenv.tasks.loaders import load_jsonl, load_verl_parquet
 from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, TOY_SYSTEM_PROMPT, render_prompt
 from agentenv.tasks.task import Task
 from agentenv.tasks.toy import ToyConfig, ToySuite, build_toy_suite, load_toy_tasks, reference_turns, write_corpus
@@ -11,7 +12,9 @@ __all__ = [
     "ToyConfig",
     "ToySuite",
     "build_toy_suite",
+    "load_jsonl",
     "load_toy_tasks",
+    "load_verl_parquet",
     "reference_turns",
     "render_prompt",
     "write_corpus",
