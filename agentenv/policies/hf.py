@@ -1,0 +1,534 @@
+"""The transformers policy: batched sampling with per-token logprob and exact entropy.
+
+Concurrent `generate` calls are batched continuously: a request that arrives
+while a batch decodes is prefilled and joins it at the next step, and a row
+leaves the batch the moment it finishes. Decoding runs one step at a time in a
+worker thread (`asyncio.to_thread`), so the event loop keeps serving tool calls.
+
+What the sampler reports per token is computed from the full distribution
+`softmax(logits / T)` (T = temperature, 1 for greedy): the logprob of the
+sampled token and its exact entropy. That is the distribution the trainer
+recomputes with `sequence_logprobs`. top-k / top-p truncation changes which
+token is drawn but is NOT reflected in the reported logprob and entropy (as in
+vLLM's default "raw" logprobs).
+
+Rows are left-padded; position ids come from the attention mask, so a padded
+row computes the same numbers as the row alone (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from agentenv.errors import ConfigError
+from agentenv.types import Generation, SamplingParams
+
+__all__ = ["HFPolicyConfig", "HFPolicy", "HFPolicyStats", "sequence_logprobs"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class HFPolicyConfig:
+    """Settings of the transformers policy.
+
+    Attributes:
+        model: Path (or hub id) of a causal LM saved with `save_pretrained`.
+        tokenizer: Tokenizer path; None uses `model`.
+        dtype: Weights and compute dtype. float32 keeps sampler and trainer
+            logprobs equal to ~1e-6.
+        device: `auto` (cuda when available, else cpu), `cpu`, `cuda` or `cuda:N`.
+        max_batch_size: Most sequences decoded together; further requests wait.
+        max_model_len: Longest context (prompt + generation); None uses the
+            model's `max_position_embeddings`.
+        attn_implementation: transformers attention kernel.
+        seed: Seeds the per-request generators of requests that bring no seed.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    max_batch_size: int = 64
+    max_model_len: int | None = None
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError("policy.dtype", f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError("policy.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("policy.max_model_len", f"must be >= 2 or None, got {self.max_model_len!r}")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ConfigError(
+                "policy.attn_implementation", f"must be sdpa or eager, got {self.attn_implementation!r}"
+            )
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+@dataclass
+class HFPolicyStats:
+    """Counters of the batching engine (tests and benchmarks read them)."""
+
+    prefill_calls: int = 0
+    decode_calls: int = 0
+    rows_prefilled: int = 0
+    generated_tokens: int = 0
+    max_rows: int = 0
+    finished: int = 0
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def sequence_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score given sequences under `softmax(logits / T)`.
+
+    Works with left or right padding: position ids are derived from the mask.
+    Keeps the autograd graph (the trainer differentiates through it).
+
+    Args:
+        model: A causal LM (`model(input_ids, attention_mask, position_ids).logits`).
+        input_ids: (B, T) token ids.
+        attention_mask: (B, T), 1 on real tokens; None means all ones.
+        temperature: T; 0 (greedy) is scored at T = 1, as the sampler reports it.
+
+    Returns:
+        (logprobs, entropies), each (B, T-1): `logprobs[b, t]` is the
+        log-probability of `input_ids[b, t+1]` given `input_ids[b, :t+1]`, and
+        `entropies[b, t]` the entropy (nats) of that next-token distribution.
+        Values at padded positions are meaningless; mask them.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, :-1].float()  # (B, T-1, V): predicts token t+1
+    logp, ent = logprobs_and_entropy(logits, temperature)  # (B, T-1, V), (B, T-1)
+    token_logp = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    return token_logp, ent
+
+
+def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax of `logits / T` over the last dim and its exact entropy.
+
+    Args:
+        logits: (..., V), any float dtype (computed in float32).
+        temperature: A float, or a tensor broadcastable to `logits[..., :1]`;
+            zeros are read as 1 (greedy is reported at T = 1).
+
+    Returns:
+        (logp (..., V), entropy (...)).
+    """
+    if isinstance(temperature, torch.Tensor):
+        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
+    else:
+        t = float(temperature) if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / t, dim=-1)
+    p = logp.exp()
+    # p == 0 only where logp == -inf (masked logits); 0 * -inf would be nan.
+    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    return logp, ent
+
+
+def _sample_rows(
+    logp: torch.Tensor, greedy: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """Draw one token per row by inverse CDF with one uniform per row.
+
+    One uniform per row (from that row's own generator) makes a row's sample
+    independent of its batch mates. Truncation (top-k, then top-p) only
+    decides which tokens can be drawn.
+
+    Args:
+        logp: (B, V) log-probabilities at the sampling temperature.
+        greedy: (B,) bool; argmax rows.
+        top_k: (B,) long; <= 0 disables.
+        top_p: (B,) float in (0, 1].
+        u: (B,) uniforms in [0, 1).
+
+    Returns:
+        (B,) token ids.
+    """
+    probs, idx = logp.exp().sort(dim=-1, descending=True)  # (B, V)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)  # (1, V)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, probs.shape[-1])).unsqueeze(-1)  # (B, 1)
+    keep = ranks < k
+    # top-p: keep the smallest prefix whose mass reaches top_p (the first token always).
+    mass_before = probs.cumsum(-1) - probs  # (B, V)
+    keep &= mass_before < top_p.unsqueeze(-1)
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    cdf = probs.cumsum(-1)  # (B, V)
+    target = (u * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
+    pos = torch.searchsorted(cdf, target, right=True).clamp(max=probs.shape[-1] - 1)  # (B, 1)
+    # Never land on a zero-probability slot (rounding at the end of the cdf).
+    n_keep = keep.sum(-1, keepdim=True)
+    pos = torch.minimum(pos, n_keep - 1)
+    sampled = idx.gather(-1, pos).squeeze(-1)  # (B,)
+    return torch.where(greedy, idx[:, 0], sampled)
+
+
+# --------------------------------------------------------------------------- KV cache helpers
+
+
+def _cache_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer, each (B, H_kv, L, D), across transformers versions."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.56
+
+
+def _make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    if hasattr(DynamicCache, "from_legacy_cache"):
+        return DynamicCache.from_legacy_cache(tuple(kv))
+    return DynamicCache(ddp_cache_data=kv)
+
+
+def _left_pad(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+@dataclass
+class _Batch:
+    """The rows decoding together. The cache holds every token of a row except
+    its `pending` one (sampled, not yet fed to the model)."""
+
+    rows: list["_Request"]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (B, H_kv, L, D)
+    mask: torch.Tensor  # (B, L) long, 1 on real tokens
+    pending: torch.Tensor  # (B,) long
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    result: Generation | None = None
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class HFPolicy:
+    """A transformers causal LM as a `Policy`.
+
+    Args:
+        config: Where the model is and how to run it.
+        model: An already built model (skips loading `config.model`).
+        tokenizer: An already built tokenizer (skips loading).
+    """
+
+    def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Any = None):
+        self.config = config
+        self.device = config.resolved_device()
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.tokenizer = tokenizer
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(
+                config.model, dtype=_DTYPES[config.dtype], attn_implementation=config.attn_implementation
+            )
+        self.model = model.to(device=self.device, dtype=_DTYPES[config.dtype]).eval()
+        mcfg = self.model.config
+        self.max_model_len = config.max_model_len or getattr(mcfg, "max_position_embeddings", None) or 2048
+        self.eos_token_ids = self._eos_ids()
+        self.stats = HFPolicyStats()
+        self._seed_rng = random.Random(config.seed)
+        self._lock = threading.Lock()  # one forward or weight load at a time
+        self._waiting: deque[_Request] = deque()
+        self._batch: _Batch | None = None
+        self._runner: asyncio.Task | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs: Any) -> "HFPolicy":
+        """`HFPolicy(HFPolicyConfig(model=path, **kwargs))`."""
+        return cls(HFPolicyConfig(model=str(path), **kwargs))
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_cfg = getattr(self.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos is not None:
+            ids.update(int(e) for e in eos)
+        return frozenset(ids)
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Sample one continuation of `prompt_ids`; batched with concurrent calls."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("generate() needs a non-empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
+                "(the env's context budget should end the episode before this)"
+            )
+        seed = params.seed if params.seed is not None else self._seed_rng.randrange(2**63)
+        loop = asyncio.get_running_loop()
+        req = _Request(prompt_ids, params, loop.create_future(), torch.Generator().manual_seed(seed))
+        self._waiting.append(req)
+        if self._runner is None or self._runner.done():
+            self._runner = loop.create_task(self._run())
+        return await req.future
+
+    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Blocking `generate` for scripts (not from inside a running event loop)."""
+        return self.generate_many_sync([prompt_ids], params)[0]
+
+    def generate_many_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Blocking batched `generate` of several prompts with the same params."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("generate_sync() called inside a running event loop; use `await generate()`")
+
+        async def _all() -> list[Generation]:
+            return list(await asyncio.gather(*(self.generate(p, params) for p in prompts)))
+
+        return asyncio.run(_all())
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
+        """Copy the trainer's weights into the model (names as in `state_dict()`).
+
+        Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped. A
+        name the model does not have raises ValueError. Sequences decoding at
+        that moment continue with the new weights.
+        """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        state = self.model.state_dict(keep_vars=True)
+        unknown = []
+        with self._lock:
+            for name, tensor in items:
+                key = name
+                for prefix in ("module.", "_orig_mod."):
+                    while key.startswith(prefix):
+                        key = key[len(prefix) :]
+                target = state.get(key)
+                if target is None:
+                    unknown.append(name)
+                    continue
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}")
+                target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+        if unknown:
+            raise ValueError(f"load_weights: the model has no parameter named {unknown[:5]} ({len(unknown)} unknown)")
+
+    # ------------------------------------------------------------------ scheduler (event loop side)
+
+    async def _run(self) -> None:
+        """Feed waiting requests into the batch and step it until both are empty."""
+        while self._waiting or self._batch is not None:
+            rows = len(self._batch.rows) if self._batch is not None else 0
+            new: list[_Request] = []
+            while self._waiting and rows + len(new) < self.config.max_batch_size:
+                req = self._waiting.popleft()
+                if not req.future.done():  # cancelled while waiting
+                    new.append(req)
+            try:
+                done = await asyncio.to_thread(self._step, new)
+            except Exception as exc:  # the model failed: fail its requests, keep serving the rest
+                failed = new + (self._batch.rows if self._batch is not None else [])
+                self._batch = None
+                for req in failed:
+                    if not req.future.done():
+                        req.future.set_exception(exc)
+                continue
+            for req in done:
+                if not req.future.done():
+                    req.future.set_result(req.result)
+
+    # ------------------------------------------------------------------ decoding (worker thread)
+
+    def _step(self, new: list[_Request]) -> list[_Request]:
+        """One decode step of the batch plus the prefill of `new`; returns finished rows."""
+        with self._lock, torch.inference_mode():
+            if self._batch is not None:
+                # Rows whose caller went away (cancelled) leave before the forward.
+                keep = [i for i, r in enumerate(self._batch.rows) if not r.future.done()]
+                if len(keep) < len(self._batch.rows):
+                    self._select(keep)
+            logits_parts = []
+            if self._batch is not None:
+                logits_parts.append(self._decode())
+            if new:
+                new_batch, new_logits = self._prefill(new)
+                self._merge(new_batch)
+                logits_parts.append(new_logits)
+            if self._batch is None:
+                return []
+            logits = torch.cat(logits_parts, dim=0)  # (B, V), rows in batch order
+            return self._sample_and_advance(logits)
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[_Batch, torch.Tensor]:
+        """Run left-padded prompts; returns their batch state and last logits (n, V)."""
+        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, W)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
+        self.stats.prefill_calls += 1
+        self.stats.rows_prefilled += n
+        # The cache covers every prompt token; `pending` is overwritten by the token sampled next.
+        batch = _Batch(rows=list(reqs), kv=_cache_kv(out.past_key_values), mask=mask, pending=ids[:, -1])
+        return batch, out.logits[:, -1]
+
+    def _decode(self) -> torch.Tensor:
+        """Feed each row's pending token; returns next-token logits (B, V)."""
+        b = self._batch
+        pos = b.mask.sum(-1, keepdim=True)  # (B, 1): position of the pending token
+        mask = torch.cat([b.mask, torch.ones_like(b.mask[:, :1])], dim=-1)  # (B, L+1)
+        out = self.model(
+            input_ids=b.pending.unsqueeze(-1),
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=_make_cache(b.kv),
+            use_cache=True,
+        )
+        self.stats.decode_calls += 1
+        b.kv, b.mask = _cache_kv(out.past_key_values), mask
+        return out.logits[:, -1]
+
+    def _merge(self, new: _Batch) -> None:
+        """Append `new` rows to the batch, left-padding the shorter cache."""
+        if self._batch is None:
+            self._batch = new
+            return
+        b = self._batch
+        la, lb = b.mask.shape[1], new.mask.shape[1]
+        pad_a, pad_b = max(lb - la, 0), max(la - lb, 0)
+        b.kv = [
+            (
+                torch.cat([_left_pad(ka, pad_a, 2), _left_pad(kb, pad_b, 2)], dim=0),
+                torch.cat([_left_pad(va, pad_a, 2), _left_pad(vb, pad_b, 2)], dim=0),
+            )
+            for (ka, va), (kb, vb) in zip(b.kv, new.kv)
+        ]
+        b.mask = torch.cat([_left_pad(b.mask, pad_a, 1), _left_pad(new.mask, pad_b, 1)], dim=0)
+        b.pending = torch.cat([b.pending, new.pending])
+        b.rows = b.rows + new.rows
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only rows `keep`, then drop columns that are padding in every row."""
+        if not keep:
+            self._batch = None
+            return
+        b = self._batch
+        idx = torch.tensor(keep, device=b.mask.device)
+        mask = b.mask.index_select(0, idx)
+        # Leading columns that no remaining row uses.
+        first = int((mask.sum(0) > 0).long().argmax())
+        b.mask = mask[:, first:]
+        b.kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in b.kv]
+        b.pending = b.pending.index_select(0, idx)
+        b.rows = [b.rows[i] for i in keep]
+
+    def _sample_and_advance(self, logits: torch.Tensor) -> list[_Request]:
+        b = self._batch
+        rows = b.rows
+        dev = logits.device
+        temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(-1)  # (B, 1)
+        logp, ent = logprobs_and_entropy(logits, temps)  # (B, V), (B,)
+        greedy = torch.tensor([r.params.greedy for r in rows], device=dev)
+        top_k = torch.tensor([r.params.top_k for r in rows], device=dev, dtype=torch.long)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=dev, dtype=torch.float32)
+        # One uniform per row from its own generator (drawn even for greedy rows: harmless).
+        u = torch.tensor([float(torch.rand((), generator=r.generator)) for r in rows], device=dev)
+        tokens = _sample_rows(logp, greedy, top_k, top_p, u)  # (B,)
+        tok_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        tokens_l, lp_l, ent_l = tokens.tolist(), tok_logp.tolist(), ent.tolist()
+
+        self.stats.max_rows = max(self.stats.max_rows, len(rows))
+        keep, done = [], []
+        for i, r in enumerate(rows):
+            if self._advance(r, tokens_l[i], lp_l[i], ent_l[i]):
+                done.append(r)
+            else:
+                keep.append(i)
+        b.pending = tokens
+        if done:
+            self.stats.finished += len(done)
+            self._select(keep)
+        return done
+
+    def _advance(self, r: _Request, tok: int, lp: float, h: float) -> bool:
+        """Record one sampled token for `r`; returns True when `r` is finished."""
+        p = r.params
+        self.stats.generated_tokens += 1
+        if tok in self.eos_token_ids:
+            if p.include_eos:
+                r.token_ids.append(tok)
+                r.logprobs.append(lp)
+                r.entropies.append(h)
+            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "eos")
+            return True
+        r.token_ids.append(tok)
+        r.logprobs.append(lp)
+        r.entropies.append(h)
+        if p.stop:
+            hit = self._find_stop(r.token_ids, p.stop)
+            if hit is not None:
+                r.result = Generation(r.token_ids, r.logprobs, r.entropies, "stop", stop_string=hit)
+                return True
+        if len(r.token_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.token_ids) >= self.max_model_len:
+            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "length")
+            return True
+        return False
+
+    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
+        """The stop string completed by the last token, if any.
+
+        Decodes only a tail window long enough for the longest stop string (a
+        character is at most 4 byte-level tokens). Checked after every token,
+        so a stop string first appears in the window when its last token lands.
+        """
+        window = 4 * max(len(s) for s in stops) + 4
+        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
+        found = [(text.find(s), s) for s in stops if s in text]
+        return min(found)[1] if found else None

@@ -1,0 +1,273 @@
+"""HFPolicy mechanics on a very small random Qwen2: stops, EOS, length, logprobs, seeds, batching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agentenv.errors import ConfigError
+from agentenv.policies.base import Policy
+from agentenv.policies.hf import HFPolicy, HFPolicyConfig, sequence_logprobs
+from agentenv.types import SamplingParams
+
+from .conftest import make_small_model
+
+
+def _prompt(tok, text="the quick brown fox"):
+    return tok.encode(text)
+
+
+def test_is_a_policy(small_policy):
+    assert isinstance(small_policy, Policy)
+
+
+def test_config_validation_names_key_and_value():
+    with pytest.raises(ConfigError, match="policy.max_batch_size.*0"):
+        HFPolicyConfig(model="m", max_batch_size=0)
+    with pytest.raises(ConfigError, match="policy.device.*tpu"):
+        HFPolicyConfig(model="m", device="tpu")
+    with pytest.raises(ConfigError, match="policy.dtype"):
+        HFPolicyConfig(model="m", dtype="int8")
+
+
+def test_length_finish(small_policy, small_tokenizer):
+    g = small_policy.generate_sync(_prompt(small_tokenizer), SamplingParams(max_tokens=7, seed=3))
+    assert g.finish_reason == "length" and g.stop_string is None
+    assert len(g.token_ids) == len(g.logprobs) == len(g.entropies) == 7
+
+
+def test_stop_string_keeps_its_tokens(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    prompt = _prompt(tok)
+    ref = small_policy.generate_sync(prompt, SamplingParams(max_tokens=30, seed=11))
+    # A stop string spanning tokens 4..6 of the reference sample, cut inside token 6's text.
+    head = tok.decode(ref.token_ids[:4])
+    upto6 = tok.decode(ref.token_ids[:6])
+    upto7 = tok.decode(ref.token_ids[:7])
+    assert len(upto7) > len(upto6) + 0 and upto7.startswith(upto6)
+    stop = upto7[len(head) : len(upto6) + 1]  # ends on the first char of token 7's text
+    assert stop not in tok.decode(ref.token_ids[:6])
+    g = small_policy.generate_sync(prompt, SamplingParams(max_tokens=30, seed=11, stop=("zzz-never", stop)))
+    assert g.finish_reason == "stop"
+    assert g.stop_string == stop
+    assert g.token_ids == ref.token_ids[:7]  # token 7 completes the stop string and is kept
+    assert g.logprobs == pytest.approx(ref.logprobs[:7], abs=1e-6)
+    assert stop in tok.decode(g.token_ids)
+
+
+def test_earliest_stop_string_wins(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    prompt = _prompt(tok)
+    ref = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=5))
+    early = tok.decode(ref.token_ids[2:4])
+    late = tok.decode(ref.token_ids[:12])[len(tok.decode(ref.token_ids[:10])) :]
+    if late in tok.decode(ref.token_ids[:4]):
+        pytest.skip("sample repeats itself")
+    g = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=5, stop=(late, early)))
+    assert g.stop_string == early
+    assert len(g.token_ids) <= 4
+
+
+def test_eos_kept_or_dropped(small_policy, small_tokenizer):
+    prompt = _prompt(small_tokenizer)
+    ref = small_policy.generate_sync(prompt, SamplingParams(max_tokens=12, seed=2))
+    eos = ref.token_ids[5]
+    first = ref.token_ids.index(eos)
+    small_policy.eos_token_ids = frozenset({eos})
+    kept = small_policy.generate_sync(prompt, SamplingParams(max_tokens=12, seed=2))
+    assert kept.finish_reason == "eos" and kept.token_ids == ref.token_ids[: first + 1]
+    assert len(kept.logprobs) == first + 1
+    dropped = small_policy.generate_sync(prompt, SamplingParams(max_tokens=12, seed=2, include_eos=False))
+    assert dropped.finish_reason == "eos" and dropped.token_ids == ref.token_ids[:first]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.6])
+async def test_logprobs_and_entropies_match_sequence_logprobs(small_policy, small_tokenizer, temperature):
+    tok = small_tokenizer
+    prompts = [_prompt(tok, t) for t in ["the", "quick brown fox jumps over the", "lazy dog 0123"]]
+    params = SamplingParams(max_tokens=16, temperature=temperature, seed=9)
+    gens = await asyncio.gather(*(small_policy.generate(p, params) for p in prompts))
+    # Rescore all three sequences in one left-padded batch.
+    seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
+    width = max(map(len, seqs))
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    with torch.no_grad():
+        lp, ent = sequence_logprobs(small_policy.model, ids, mask, temperature)  # (B, T-1)
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        n = len(g.token_ids)
+        torch.testing.assert_close(lp[i, -n:], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(ent[i, -n:], torch.tensor(g.entropies), atol=1e-4, rtol=0)
+
+
+def test_entropy_is_exact(small_policy, small_tokenizer):
+    prompt = _prompt(small_tokenizer)
+    g = small_policy.generate_sync(prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=1))
+    ids = torch.tensor([prompt + g.token_ids])
+    with torch.no_grad():
+        logits = small_policy.model(ids).logits[0, len(prompt) - 1 : -1].double() / 0.8  # (n, V)
+    p = torch.softmax(logits, -1)
+    manual = -(p * p.log()).sum(-1)
+    assert manual.min() > 0.5  # a real distribution, not a near one-hot
+    assert torch.allclose(manual.float(), torch.tensor(g.entropies), atol=1e-4)
+    manual_lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(manual_lp.float(), torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_greedy_equals_argmax_and_topk1(small_policy, small_tokenizer):
+    prompt = _prompt(small_tokenizer)
+    greedy = small_policy.generate_sync(prompt, SamplingParams(max_tokens=10, temperature=0.0))
+    ids = torch.tensor([prompt + greedy.token_ids])
+    with torch.no_grad():
+        argmax = small_policy.model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+    assert greedy.token_ids == argmax
+    topk1 = small_policy.generate_sync(prompt, SamplingParams(max_tokens=10, top_k=1, seed=4))
+    assert topk1.token_ids == greedy.token_ids
+    tiny_p = small_policy.generate_sync(prompt, SamplingParams(max_tokens=10, top_p=1e-6, seed=4))
+    assert tiny_p.token_ids == greedy.token_ids
+    # Truncation is not reflected: reported logprobs are those of softmax(logits / T) at T = 1.
+    assert all(lp < 0 for lp in topk1.logprobs)
+
+
+def test_top_k_limits_choices(small_policy, small_tokenizer):
+    prompt = _prompt(small_tokenizer)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        top3 = set(small_policy.model(ids).logits[0, -1].topk(3).indices.tolist())
+    firsts = {
+        small_policy.generate_sync(prompt, SamplingParams(max_tokens=1, top_k=3, seed=s)).token_ids[0]
+        for s in range(40)
+    }
+    assert firsts <= top3 and len(firsts) >= 2
+
+
+async def test_same_seed_same_sample_regardless_of_batch_mates(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    prompt = _prompt(tok)
+    params = SamplingParams(max_tokens=24, seed=1234)
+    alone = await small_policy.generate(prompt, params)
+    mates = [_prompt(tok, t) for t in ["lazy", "jumps over the lazy dog 0123456789", "python"]]
+    together = await asyncio.gather(
+        small_policy.generate(mates[0], SamplingParams(max_tokens=30, seed=1)),
+        small_policy.generate(prompt, params),
+        small_policy.generate(mates[1], SamplingParams(max_tokens=5, seed=2)),
+        small_policy.generate(mates[2], SamplingParams(max_tokens=40, temperature=1.3, seed=3)),
+    )
+    assert together[1].token_ids == alone.token_ids
+    assert together[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    other_seed = await small_policy.generate(prompt, SamplingParams(max_tokens=24, seed=1235))
+    assert other_seed.token_ids != alone.token_ids
+
+
+async def test_concurrent_calls_are_batched(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    prompts = [_prompt(tok, t) for t in ["the", "quick", "brown fox", "lazy dog", "jumps", "over 12"]]
+    gens = await asyncio.gather(*(small_policy.generate(p, SamplingParams(max_tokens=10, seed=i)) for i, p in enumerate(prompts)))
+    s = small_policy.stats
+    assert s.prefill_calls == 1 and s.rows_prefilled == 6 and s.max_rows == 6
+    assert s.decode_calls == 9  # 10 tokens: one from the prefill, nine decode steps for all six rows
+    assert all(len(g.token_ids) == 10 for g in gens)
+
+
+async def test_request_joins_a_running_batch(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    p1, p2 = _prompt(tok, "the quick brown fox jumps"), _prompt(tok, "lazy")
+    solo1 = await small_policy.generate(p1, SamplingParams(max_tokens=40, seed=7))
+    solo2 = await small_policy.generate(p2, SamplingParams(max_tokens=10, seed=8))
+    small_policy.stats.__init__()
+
+    task1 = asyncio.create_task(small_policy.generate(p1, SamplingParams(max_tokens=40, seed=7)))
+    while small_policy.stats.decode_calls < 5:
+        await asyncio.sleep(0.001)
+    g2 = await small_policy.generate(p2, SamplingParams(max_tokens=10, seed=8))
+    steps_when_2_done = small_policy.stats.decode_calls
+    g1 = await task1
+    s = small_policy.stats
+    assert s.prefill_calls == 2 and s.max_rows == 2
+    assert steps_when_2_done < 39  # request 2 did not wait for request 1 to finish
+    assert g1.token_ids == solo1.token_ids and g2.token_ids == solo2.token_ids
+    assert g2.logprobs == pytest.approx(solo2.logprobs, abs=1e-5)
+
+
+async def test_event_loop_stays_free_while_decoding(small_policy, small_tokenizer):
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    t = asyncio.create_task(ticker())
+    await small_policy.generate(_prompt(small_tokenizer), SamplingParams(max_tokens=30, seed=0))
+    t.cancel()
+    assert ticks > 30
+
+
+async def test_cancelled_request_leaves_the_batch(small_policy, small_tokenizer):
+    tok = small_tokenizer
+    long = asyncio.create_task(small_policy.generate(_prompt(tok), SamplingParams(max_tokens=200, seed=0)))
+    short = asyncio.create_task(small_policy.generate(_prompt(tok, "lazy"), SamplingParams(max_tokens=60, seed=0)))
+    while small_policy.stats.decode_calls < 3:
+        await asyncio.sleep(0.001)
+    long.cancel()
+    g = await short
+    assert len(g.token_ids) == 60
+    with pytest.raises(asyncio.CancelledError):
+        await long
+    assert small_policy.stats.generated_tokens < 200
+
+
+def test_max_batch_size_queues_the_rest(small_tokenizer):
+    model = make_small_model(len(small_tokenizer))
+    pol = HFPolicy(HFPolicyConfig(model="-", device="cpu", max_batch_size=2), model=model, tokenizer=small_tokenizer)
+    prompts = [_prompt(small_tokenizer, t) for t in ["a", "b", "c", "d", "e"]]
+    gens = pol.generate_many_sync(prompts, SamplingParams(max_tokens=4, seed=0))
+    assert len(gens) == 5 and pol.stats.max_rows == 2 and pol.stats.rows_prefilled == 5
+
+
+async def test_generate_sync_refuses_inside_a_loop(small_policy, small_tokenizer):
+    with pytest.raises(RuntimeError, match="await"):
+        small_policy.generate_sync(_prompt(small_tokenizer), SamplingParams(max_tokens=2))
+
+
+def test_prompt_longer_than_context_raises(small_policy):
+    with pytest.raises(ValueError, match="context"):
+        small_policy.generate_sync([5] * 600, SamplingParams(max_tokens=2))
+
+
+def test_load_weights_changes_outputs(small_policy, small_tokenizer):
+    prompt = _prompt(small_tokenizer)
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    before = small_policy.generate_sync(prompt, params)
+    other = make_small_model(len(small_tokenizer), seed=1)
+    small_policy.load_weights((f"module.{k}", v) for k, v in other.state_dict().items())
+    after = small_policy.generate_sync(prompt, params)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    ids = torch.tensor([prompt + after.token_ids])
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(other, ids)
+    torch.testing.assert_close(lp[0, len(prompt) - 1 :], torch.tensor(after.logprobs), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="no parameter named"):
+        small_policy.load_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_sequence_logprobs_padding_invariant_and_differentiable(small_tokenizer):
+    model = make_small_model(len(small_tokenizer))
+    seq = _prompt(small_tokenizer, "the quick brown fox jumps")
+    n = len(seq)
+    solo_lp, solo_ent = sequence_logprobs(model, torch.tensor([seq]))
+    left = torch.tensor([[0, 0, 0] + seq])
+    left_mask = torch.tensor([[0, 0, 0] + [1] * n])
+    right = torch.tensor([seq + [0, 0, 0]])
+    right_mask = torch.tensor([[1] * n + [0, 0, 0]])
+    llp, lent = sequence_logprobs(model, left, left_mask, 1.0)
+    rlp, rent = sequence_logprobs(model, right, right_mask, 1.0)
+    torch.testing.assert_close(llp[:, 3:], solo_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(rlp[:, : n - 1], solo_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(rent[:, : n - 1], solo_ent, atol=1e-5, rtol=0)
+    assert solo_lp.shape == (1, n - 1) and solo_lp.requires_grad
+    solo_lp.sum().backward()
+    assert model.model.embed_tokens.weight.grad is not None
