@@ -121,9 +121,11 @@ def _jsonl_task(
         raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     if "messages" in rec:
         messages = rec["messages"]
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-        ):
+        well_formed = all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ) if isinstance(messages, list) else False
+        if not messages or not well_formed:
             raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role': str, 'content': str}}")
     elif isinstance(rec.get("question"), str) and rec["question"].strip():
         messages = [{"role": "user", "content": rec["question"]}]

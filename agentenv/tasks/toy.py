@@ -77,6 +77,11 @@ class ToyConfig:
     arith_ops: tuple[str, ...] = ("*", "+", "-")
 
     def __post_init__(self) -> None:
+        # YAML gives lists; keep the config hashable and immutable.
+        object.__setattr__(self, "arith_digits", tuple(self.arith_digits))
+        object.__setattr__(self, "arith_ops", tuple(self.arith_ops))
+        if len(self.arith_digits) != 2:
+            raise ConfigError("arith_digits", f"must be (min, max), got {self.arith_digits}")
         for f in fields(self):
             if f.name.startswith(("n_", "kb_")) and getattr(self, f.name) < 0:
                 raise ConfigError(f.name, f"must be >= 0, got {getattr(self, f.name)}")
@@ -92,17 +97,21 @@ class ToyConfig:
             n = self.world_sizes(world)
             if n["countries"] < 1:
                 raise ConfigError(
-                    "kb_countries", f"{self.kb_countries} leaves the {world} world no country (heldout_fraction {self.heldout_fraction})"
+                    "kb_countries",
+                    f"{self.kb_countries} leaves the {world} world no country "
+                    f"(heldout_fraction {self.heldout_fraction})",
                 )
             if n["cities"] < n["countries"]:
                 raise ConfigError(
                     "kb_cities",
-                    f"{world} world has {n['cities']} cities for {n['countries']} countries: every country needs a capital",
+                    f"{world} world has {n['cities']} cities for {n['countries']} countries: "
+                    "every country needs a capital",
                 )
             if n["people"] < n["companies"]:
                 raise ConfigError(
                     "kb_people",
-                    f"{world} world has {n['people']} people for {n['companies']} companies: every company needs its own founder",
+                    f"{world} world has {n['people']} people for {n['companies']} companies: "
+                    "every company needs its own founder",
                 )
 
     def size(self, kind: Kind, split: Split) -> int:
@@ -172,7 +181,8 @@ class _NameMaker:
         return self._unique(lambda: _syllable(self.rng, True) + self.rng.choice(_CITY_ENDS))
 
     def country(self) -> str:
-        return self._unique(lambda: _syllable(self.rng, False) + self.rng.choice(_ONSETS) + self.rng.choice(_COUNTRY_ENDS))
+        rng = self.rng
+        return self._unique(lambda: _syllable(rng, False) + rng.choice(_ONSETS) + rng.choice(_COUNTRY_ENDS))
 
 
 # ----------------------------------------------------------------------------- knowledge base
@@ -251,7 +261,8 @@ class ToyKB:
 
 def _reserved_words() -> set[str]:
     words: set[str] = set()
-    texts = [*_FACT_TEXT.values(), *_DISTRACTOR_TEXT, *_THINGS, *_COMPANY_SUFFIXES, *_TWOHOP_QUESTIONS, *_BOTH_QUESTIONS]
+    texts = [*_FACT_TEXT.values(), *_DISTRACTOR_TEXT, *_THINGS, *_COMPANY_SUFFIXES,
+             *_TWOHOP_QUESTIONS.values(), *_BOTH_QUESTIONS.values()]  # fmt: skip
     for text in texts:
         for w in text.replace("{", " ").replace("}", " ").replace("?", " ").replace(".", " ").split():
             words.add(w.lower())
@@ -305,7 +316,8 @@ def _passages(kb: ToyKB, n_distractors: int, rng: random.Random) -> list[dict[st
         if not table:
             continue
         name = rng.choice(list(table))
-        facts.append((name, _DISTRACTOR_TEXT[i % len(_DISTRACTOR_TEXT)].format(**{slot: name, "thing": rng.choice(_THINGS)})))
+        text = _DISTRACTOR_TEXT[i % len(_DISTRACTOR_TEXT)]
+        facts.append((name, text.format(**{slot: name, "thing": rng.choice(_THINGS)})))
     rng.shuffle(facts)
     return [{"id": f"toy-kb-{i:05d}", "title": t, "text": x} for i, (t, x) in enumerate(facts)]
 
@@ -392,7 +404,8 @@ def _twohop_pools(kb: ToyKB, world: Split) -> dict[str, list[_Draft]]:
             q["city_capital"].format(city=c.name), capital,
             (_search(f"{c.name} country", c.country), _search(f"capital of {c.country}", capital)),
             "city_capital",
-            (f"I need the country of {c.name}.", f"{c.name} is in {c.country}.", f"The capital of {c.country} is {capital}."),
+            (f"I need the country of {c.name}.", f"{c.name} is in {c.country}.",
+             f"The capital of {c.country} is {capital}."),
         ))  # fmt: skip
     return pools
 
@@ -481,7 +494,8 @@ def _twohop_drafts(kb: ToyKB, cfg: ToyConfig, split: Split, n: int) -> list[_Dra
     if n > available:
         raise ConfigError(
             f"n_twohop_{split}",
-            f"asks for {n} questions but the {split} world has only {available} distinct ones; raise kb_people/kb_companies",
+            f"asks for {n} questions but the {split} world has only {available} distinct ones; "
+            "raise kb_people/kb_companies",
         )
     return _round_robin(pools, n)
 
@@ -489,7 +503,10 @@ def _twohop_drafts(kb: ToyKB, cfg: ToyConfig, split: Split, n: int) -> list[_Dra
 def _both_drafts(kb: ToyKB, cfg: ToyConfig, split: Split, n: int) -> list[_Draft]:
     rng = random.Random(f"toy-both-{cfg.seed}-{split}")
     templates = list(_BOTH_QUESTIONS)
-    need_two = {"founding_gap": len(kb.in_world(kb.companies, split)), "population_sum": len(kb.in_world(kb.cities, split))}
+    need_two = {
+        "founding_gap": len(kb.in_world(kb.companies, split)),
+        "population_sum": len(kb.in_world(kb.cities, split)),
+    }
     if n and min(need_two.values()) < 2:
         raise ConfigError(f"n_both_{split}", f"the {split} world needs >= 2 companies and >= 2 cities, has {need_two}")
     out: list[_Draft] = []
