@@ -6,6 +6,7 @@ when a config asks for them.
 
 from agentenv.errors import AgentEnvError, ConfigError, InfraError, ToolError
 from agentenv.types import Generation, Group, SamplingParams, Segment, ToolResult, Trajectory
+import agentenv.envs  # noqa: F401  registers agentenv/<Name>-v0 with gymnasium (imports only gymnasium)
 
 __version__ = "0.1.0"
 

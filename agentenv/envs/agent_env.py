@@ -1,0 +1,516 @@
+"""AgentEnv: one episode of one Task, over several tools, in tokens.
+
+The context is a list of token ids that only grows by appending. Every token is
+created inside a `Segment` that knows its source: the prompt and tool results
+are made here with loss mask 0, the policy's turns with mask 1.
+
+Episode flow: `reset` renders the task's prompt; each `step` takes the policy's
+turn (up to a closing tool tag such as `</python>`, `</answer>` or EOS), parses
+it, and either ends the episode (answer, EOS, context full, unfinished turn) or
+answers the call with a `<result>` block as the next observation. The reward is
+non-zero only at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.error import ResetNeeded
+
+from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn, parse_turn
+from agentenv.envs.results import (
+    DEFAULT_RESULT_TEMPLATE,
+    DEFAULT_TRUNCATION_MARKER,
+    ResultFormatter,
+    call_tool,
+    result_text,
+    validate_result_fields,
+)
+from agentenv.envs.spaces import TokenSequence, as_token_array
+from agentenv.envs.sync import SyncRunner
+from agentenv.errors import ConfigError
+from agentenv.tasks.task import Task
+from agentenv.tools.base import Tool
+from agentenv.types import Generation, Segment, Trajectory
+
+# reward_fn(response_text, task, tool_calls) -> object with .score, .correct, .format_ok
+RewardFn = Callable[[str, Task, dict[str, int]], Any]
+
+_TAG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+@dataclass(frozen=True)
+class AgentEnvConfig:
+    """Limits and formats of an `AgentEnv` episode.
+
+    Attributes:
+        max_tool_calls: Most tool calls per episode (ARPO paper: 5 for
+            reasoning tasks, 6 for deep search). A call beyond it is not run: the
+            model reads that the limit is reached and should answer; a second
+            call beyond it ends the episode (`finish_reason="tool_limit"`).
+        max_context_tokens: Budget of the whole context (prompt, turns,
+            results). When it is full the episode is truncated
+            (`finish_reason="context"`).
+        max_result_tokens: Most tokens of one formatted tool result; longer
+            results are cut and marked.
+        tool_timeout_s: Wall-clock limit of one tool call; a timeout becomes a
+            result the model reads.
+        result_template: How a result is shown; holds `{text}` once.
+        truncation_marker: Appended to a result text that was cut.
+    """
+
+    max_tool_calls: int = 5
+    max_context_tokens: int = 4096
+    max_result_tokens: int = 512
+    tool_timeout_s: float = 60.0
+    result_template: str = DEFAULT_RESULT_TEMPLATE
+    truncation_marker: str = DEFAULT_TRUNCATION_MARKER
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tool_calls, int) or self.max_tool_calls < 0:
+            raise ConfigError("env.max_tool_calls", f"must be an int >= 0, got {self.max_tool_calls!r}")
+        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 2:
+            raise ConfigError("env.max_context_tokens", f"must be an int >= 2, got {self.max_context_tokens!r}")
+        validate_result_fields(
+            "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
+        )
+        if self.max_result_tokens >= self.max_context_tokens:
+            raise ConfigError(
+                "env.max_result_tokens",
+                f"{self.max_result_tokens} must be below max_context_tokens {self.max_context_tokens}",
+            )
+
+    @classmethod
+    def coerce(cls, config: "AgentEnvConfig | Mapping[str, Any] | None") -> "AgentEnvConfig":
+        """Accept a config, a mapping of its fields (e.g. from YAML or `gymnasium.make`), or None."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, Mapping):
+            unknown = set(config) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ConfigError(f"env.{sorted(unknown)[0]}", f"unknown key; valid keys: {sorted(cls.__dataclass_fields__)}")
+            return cls(**config)
+        raise ConfigError("env", f"expected AgentEnvConfig or a mapping, got {type(config).__name__}")
+
+
+def _check_tools(tools: Sequence[Tool]) -> dict[str, Tool]:
+    out: dict[str, Tool] = {}
+    for t in tools:
+        name = getattr(t, "name", None)
+        if not isinstance(name, str) or not name or not set(name) <= _TAG_NAME_CHARS or not (name[0].isalpha() or name[0] == "_"):
+            raise ConfigError("env.tools", f"tool name {name!r} cannot be a tag: use letters, digits, _ . -")
+        if name in RESERVED_TAGS:
+            raise ConfigError("env.tools", f"tool name {name!r} is reserved (reserved: {', '.join(RESERVED_TAGS)})")
+        if name in out:
+            raise ConfigError("env.tools", f"two tools are named {name!r}; tool names are tags and must be unique")
+        if not callable(getattr(t, "fork", None)) or not callable(getattr(t, "aclose", None)):
+            raise ConfigError("env.tools", f"tool {name!r} lacks fork() or aclose(); see agentenv.tools.base.Tool")
+        out[name] = t
+    return out
+
+
+class AgentEnv(gymnasium.Env):
+    """One episode of one Task: the policy's turns in, tool results out, as token ids.
+
+    Observations and actions are `TokenSequence` spaces (int64 arrays of token
+    ids). An action is the policy's turn: an `agentenv.types.Generation` (its
+    logprobs and entropies are recorded in the policy Segment) or a sequence of
+    token ids (recorded with NaN logprobs and entropies).
+
+    Use `astep` inside an event loop (the rollout engine does); `step` runs it
+    on the env's own loop for synchronous callers.
+
+    Tool lifecycle: the tools given here are prototypes. `reset` forks each into
+    the episode's own tool; `fork()` forks the episode's tools; `aclose()` (or
+    `close()`) closes the episode's tools. Prototypes are closed only by
+    `close()` and only when `owns_tools` (the registry's factories set it for
+    tools they built).
+
+    Args:
+        tools: Prototype tools; each `Tool.name` is the tag the model writes.
+        tokenizer: The policy's tokenizer (HF-style `encode`/`decode`, `eos_token_id`).
+        reward_fn: `reward_fn(response_text, task, tool_calls)` returning an
+            object with `.score`, `.correct`, `.format_ok`. Default:
+            `agentenv.tasks.rewards.arpo_reward`.
+        config: `AgentEnvConfig` or a mapping of its fields.
+        tasks: Tasks to draw from (with the seeded `np_random`) when `reset`
+            gets no `options={"task": ...}`.
+        owns_tools: Close the prototypes in `close()`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        tokenizer: Any,
+        reward_fn: RewardFn | None = None,
+        config: AgentEnvConfig | Mapping[str, Any] | None = None,
+        tasks: Sequence[Task] | None = None,
+        *,
+        owns_tools: bool = False,
+    ):
+        self.config = AgentEnvConfig.coerce(config)
+        self.tokenizer = tokenizer
+        self._prototypes = _check_tools(tools)
+        self._reward_fn = reward_fn
+        self.tasks: tuple[Task, ...] = tuple(tasks or ())
+        self._owns_tools = owns_tools
+        self._formatter = ResultFormatter(tokenizer, self.config.result_template, self.config.truncation_marker)
+        self._eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        self._vocab_size = len(tokenizer)
+        self.observation_space = TokenSequence(self._vocab_size)
+        self.action_space = TokenSequence(self._vocab_size, end_token_id=self._eos_id)
+        self._sync = SyncRunner(type(self).__name__, "astep")
+        self._closed = False
+        self._clear_episode()
+
+    # ---- episode state -------------------------------------------------
+
+    def _clear_episode(self) -> None:
+        self._started = False
+        self._task: Task | None = None
+        self._context: list[int] = []
+        self._segments: list[Segment] = []
+        self._tools: dict[str, Tool] = {}
+        self._tool_calls: dict[str, int] = {}
+        self._tool_time_s = 0.0
+        self._tool_time_by_name: dict[str, float] = {}
+        self._turns = 0
+        self._limit_warned = False
+        self._reward = 0.0
+        self._reward_info: dict[str, Any] = {}
+        self._finish_reason = "running"
+        self._done = False
+        self._uid = uuid.uuid4().hex[:12]
+        self._parent_uid: str | None = None
+        self._branch_token: int | None = None
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(self._prototypes)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Closing tags of the tools, then `</answer>`: pass them as `SamplingParams.stop`."""
+        return tuple(f"</{name}>" for name in self._prototypes) + ("</answer>",)
+
+    @property
+    def context(self) -> list[int]:
+        """A copy of the episode's token ids so far (prompt, turns, results)."""
+        return list(self._context)
+
+    @property
+    def task(self) -> Task | None:
+        return self._task
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens left in the context budget."""
+        return max(0, self.config.max_context_tokens - len(self._context))
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def finish_reason(self) -> str:
+        return self._finish_reason
+
+    @property
+    def episode_tools(self) -> Mapping[str, Tool]:
+        """The episode's own (forked) tools, by name."""
+        return dict(self._tools)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self._segments[0]) if self._segments else 0
+
+    # ---- gymnasium API --------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode.
+
+        Args:
+            seed: Seeds `np_random` (used to draw a task when none is given).
+            options: `{"task": Task}`; without it a task is drawn from `tasks`.
+
+        Returns:
+            (prompt token ids as an int64 array, info with `task_id`, `prompt_tokens`).
+        """
+        super().reset(seed=seed)
+        if self._closed and self._owns_tools:
+            raise ResetNeeded(f"{type(self).__name__} was closed with the tools it owned; make a new env")
+        self._closed = False
+        task = (options or {}).get("task")
+        if task is None:
+            if not self.tasks:
+                raise ValueError(
+                    "AgentEnv.reset needs a task: pass options={'task': task} or give tasks= to the constructor"
+                )
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        if not isinstance(task, Task):
+            raise TypeError(f"options['task'] must be an agentenv Task, got {type(task).__name__}")
+        from agentenv.tasks.prompts import render_prompt
+
+        prompt = list(render_prompt(self.tokenizer, task.messages))
+        if len(prompt) >= self.config.max_context_tokens:
+            raise ConfigError(
+                "env.max_context_tokens",
+                f"task {task.id!r} has a {len(prompt)}-token prompt; max_context_tokens "
+                f"{self.config.max_context_tokens} leaves no room for the policy",
+            )
+        self._discard_tools(self._tools)
+        self._clear_episode()
+        self._started = True
+        self._task = task
+        self._tools = {name: proto.fork() for name, proto in self._prototypes.items()}
+        self._append(Segment("prompt", prompt))
+        return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
+
+    def step(self, action: Generation | Sequence[int] | np.ndarray):
+        """Synchronous `astep`, run on the env's own event loop.
+
+        Raises:
+            RuntimeError: When called inside a running event loop (use `await env.astep(action)`).
+        """
+        return self._sync.run(self.astep(action))
+
+    async def astep(self, action: Generation | Sequence[int] | np.ndarray):
+        """Take the policy's turn and answer it.
+
+        Returns:
+            (observation, reward, terminated, truncated, info): the observation
+            is the tool result's token ids (empty when the episode ended without
+            one); the reward is non-zero only when the episode ends; `info` has
+            `turn`, and `tool`, `tool_ok`, `result_truncated` after a call, and
+            `finish_reason`, `reward`, `tool_calls` at the end.
+
+        Raises:
+            gymnasium.error.ResetNeeded: Before `reset` or after the episode ended.
+            agentenv.errors.ToolError: A tool's infrastructure failed.
+        """
+        self._check_can_step()
+        ids, logprobs, entropies, finish = self._as_turn(action)
+        self._append(Segment("policy", ids, logprobs, entropies))
+        self._turns += 1
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        parsed = parse_turn(text, self._prototypes)
+        eos = finish == "eos" or (bool(ids) and self._eos_id is not None and ids[-1] == self._eos_id)
+
+        if parsed.kind == "answer":
+            return self._finish("answer", terminated=True)
+        if eos:
+            return self._finish("eos", terminated=True)
+        if self.remaining_tokens <= 0:
+            return self._finish("context", truncated=True)
+        if parsed.kind == "none":
+            return self._finish("length", truncated=True)
+        if self.remaining_tokens < self._formatter.min_tokens:
+            # No result could be shown: do not run the call.
+            return self._finish("context", truncated=True)
+
+        info: dict[str, Any] = {"turn": self._turns}
+        made = await self._answer_call(parsed, info)
+        if made is None:
+            return self._finish("tool_limit", truncated=True)
+        budget = min(self.config.max_result_tokens, self.remaining_tokens)
+        obs, cut = self._formatter.encode(made, budget)
+        if not obs:
+            return self._finish("context", truncated=True)
+        self._append(Segment("tool", obs))
+        info["result_truncated"] = cut
+        if self.remaining_tokens <= 0:
+            return self._finish("context", truncated=True, obs=obs, info=info)
+        return as_token_array(obs), 0.0, False, False, info
+
+    async def _answer_call(self, parsed: ParsedTurn, info: dict[str, Any]) -> str | None:
+        """The text the model reads for a call or malformed call; None ends the episode."""
+        if parsed.kind == "malformed":
+            self._count("invalid")
+            info.update(tool="invalid", tool_ok=False)
+            return f"Error: {parsed.error}"
+        assert parsed.tool is not None and parsed.query is not None
+        used = sum(v for k, v in self._tool_calls.items() if k != "invalid")
+        if used >= self.config.max_tool_calls:
+            self._count("invalid")
+            if self._limit_warned:
+                return None
+            self._limit_warned = True
+            info.update(tool="invalid", tool_ok=False)
+            return (
+                f"Tool-call limit reached: {used} of {self.config.max_tool_calls} calls used. "
+                "Do not call tools anymore; give your final answer now in <answer>...</answer>."
+            )
+        result, elapsed = await call_tool(self._tools[parsed.tool], parsed.query, self.config.tool_timeout_s)
+        self._count(parsed.tool)
+        self._tool_time_s += elapsed
+        self._tool_time_by_name[parsed.tool] = self._tool_time_by_name.get(parsed.tool, 0.0) + elapsed
+        info.update(tool=parsed.tool, tool_ok=result.ok)
+        return result_text(result)
+
+    def _finish(
+        self,
+        reason: str,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        obs: list[int] | None = None,
+        info: dict[str, Any] | None = None,
+    ):
+        self._done = True
+        self._finish_reason = reason
+        self._score()
+        out = dict(info or {})
+        out.update(
+            turn=self._turns,
+            finish_reason=reason,
+            reward=dict(self._reward_info),
+            tool_calls=dict(self._tool_calls),
+        )
+        return as_token_array(obs or []), self._reward, terminated, truncated, out
+
+    def _score(self) -> None:
+        assert self._task is not None
+        reward_fn = self._reward_fn
+        if reward_fn is None:
+            from agentenv.tasks.rewards import arpo_reward
+
+            reward_fn = arpo_reward
+        response = self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
+        r = reward_fn(response, self._task, dict(self._tool_calls))
+        self._reward = float(r.score)
+        self._reward_info = {
+            "score": self._reward,
+            "correct": bool(getattr(r, "correct", False)),
+            "format_ok": bool(getattr(r, "format_ok", False)),
+        }
+
+    def _count(self, key: str) -> None:
+        self._tool_calls[key] = self._tool_calls.get(key, 0) + 1
+
+    def _append(self, seg: Segment) -> None:
+        self._segments.append(seg)
+        self._context.extend(seg.token_ids)
+
+    def _check_can_step(self) -> None:
+        if not self._started:
+            raise ResetNeeded(f"{type(self).__name__}.step was called before reset(); call env.reset(...) first")
+        if self._done:
+            raise ResetNeeded(
+                f"{type(self).__name__}.step was called after the episode ended "
+                f"(finish_reason={self._finish_reason!r}); call env.reset(...) to start a new one"
+            )
+        if not self._tools and self._prototypes:
+            raise ResetNeeded(f"{type(self).__name__}: the episode's tools were closed; call env.reset(...)")
+
+    def _as_turn(self, action: Any) -> tuple[list[int], list[float], list[float], str | None]:
+        if isinstance(action, Generation):
+            ids = [int(t) for t in action.token_ids]
+            lps, ents, finish = list(action.logprobs), list(action.entropies), action.finish_reason
+        else:
+            ids = [int(t) for t in np.asarray(action, dtype=np.int64).reshape(-1)]
+            lps, ents, finish = [math.nan] * len(ids), [math.nan] * len(ids), None
+        bad = [t for t in ids if not 0 <= t < self._vocab_size]
+        if bad:
+            raise ValueError(f"action holds token ids outside [0, {self._vocab_size}): {bad[:5]}")
+        return ids, lps, ents, finish
+
+    # ---- records, forks, closing ----------------------------------------
+
+    def trajectory(self) -> Trajectory:
+        """The episode so far as a `Trajectory` (segments are copies)."""
+        return Trajectory(
+            task_id=self._task.id if self._task is not None else "",
+            segments=[_copy_segment(s) for s in self._segments],
+            reward=self._reward,
+            finish_reason=self._finish_reason,
+            tool_calls=dict(self._tool_calls),
+            tool_time_s=self._tool_time_s,
+            uid=self._uid,
+            parent_uid=self._parent_uid,
+            branch_token=self._branch_token,
+            info={
+                "turns": self._turns,
+                "reward": dict(self._reward_info),
+                "tool_time_by_name": dict(self._tool_time_by_name),
+            },
+        )
+
+    def fork(self) -> "AgentEnv":
+        """An independent copy of the episode: context, segments, counters, and forked tools.
+
+        The copy's trajectory records this one as its parent and the current
+        context length as its branch point. Before `reset`, returns a fresh env
+        over the same prototypes.
+        """
+        new = copy.copy(self)
+        new._sync = SyncRunner(type(self).__name__, "astep")
+        new._closed = False
+        new._owns_tools = False  # the prototypes stay with the original
+        new.observation_space = copy.deepcopy(self.observation_space)
+        new.action_space = copy.deepcopy(self.action_space)
+        new._np_random = copy.deepcopy(self._np_random)
+        if not self._started:
+            new._clear_episode()
+            return new
+        new._context = list(self._context)
+        new._segments = [_copy_segment(s) for s in self._segments]
+        new._tool_calls = dict(self._tool_calls)
+        new._tool_time_by_name = dict(self._tool_time_by_name)
+        new._reward_info = dict(self._reward_info)
+        new._tools = {name: tool.fork() for name, tool in self._tools.items()}
+        new._uid = uuid.uuid4().hex[:12]
+        new._parent_uid = self._uid
+        new._branch_token = len(self._context)
+        return new
+
+    async def aclose(self) -> None:
+        """Close the episode's tools (not the prototypes). The env can be reset again."""
+        tools, self._tools = self._tools, {}
+        await self._aclose_tools(tools)
+
+    async def _aclose_tools(self, tools: Mapping[str, Tool]) -> None:
+        for name, tool in tools.items():
+            if tool is not self._prototypes.get(name):
+                await tool.aclose()
+
+    def _discard_tools(self, tools: Mapping[str, Tool]) -> None:
+        if tools:
+            self._sync.run_or_schedule(self._aclose_tools(dict(tools)))
+
+    def close(self) -> None:
+        """Close the episode's tools, the prototypes if owned, and the env's own loop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tools, self._tools = self._tools, {}
+
+        async def _close_all() -> None:
+            await self._aclose_tools(tools)
+            if self._owns_tools:
+                for proto in self._prototypes.values():
+                    await proto.aclose()
+
+        self._sync.run_or_schedule(_close_all())
+        self._sync.close()
+        super().close()
+
+
+def _copy_segment(s: Segment) -> Segment:
+    return Segment(
+        s.source,
+        list(s.token_ids),
+        None if s.logprobs is None else list(s.logprobs),
+        None if s.entropies is None else list(s.entropies),
+    )
