@@ -35,6 +35,8 @@ from agentenv.tasks.task import Task
 Kind = Literal["arith", "twohop", "both"]
 Split = Literal["train", "heldout"]
 KINDS: tuple[Kind, ...] = ("arith", "twohop", "both")
+GENERATOR_VERSION = 1
+"""Bumped whenever the same config would generate different tasks or passages; put it in cache keys."""
 SPLITS: tuple[Split, ...] = ("train", "heldout")
 
 
