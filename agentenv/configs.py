@@ -152,6 +152,30 @@ class EnvConfig:
                 "env.max_result_tokens",
                 f"{self.max_result_tokens} must be below env.max_context_tokens {self.max_context_tokens}",
             )
+        for name in self.tools:
+            tool_config(name, getattr(self, name), validate_only=True)
+
+
+def tool_config(name: str, options: dict[str, Any], *, validate_only: bool = False) -> Any:
+    """The validated config dataclass of tool `name` from its `env.<name>` section.
+
+    Only the tools' light config modules are imported (no docker, no aiohttp).
+    With `validate_only`, a local search corpus may still be unknown (toy tasks
+    write theirs when the run starts).
+    """
+    opts = dict(options)
+    if name == "search":
+        from agentenv.tools.search.config import SearchToolConfig as cls
+
+        if validate_only and opts.get("provider", "local") in ("local", "dense") and not opts.get("corpus"):
+            opts["corpus"] = "<toy corpus>"
+    elif name == "python":
+        from agentenv.tools.python_sandbox.config import PythonSandboxConfig as cls
+    elif name == "browse":
+        from agentenv.tools.browser.config import BrowserConfig as cls
+    else:
+        raise ConfigError("env.tools", f"unknown tool {name!r}")
+    return build_dataclass(cls, opts, f"env.{name}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Trajectories -> padded tensors, and log-probabilities of given sequences."""
+"""Trajectories -> padded tensors."""
 
 from __future__ import annotations
 
@@ -48,22 +48,6 @@ def collate(
         old_logprobs=sampler_lp.clone(),
         sampler_logprobs=sampler_lp,
     )
-
-
-def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability and entropy of each next token under softmax(logits / T).
-
-    Returns:
-        (B, L-1) logprobs of input_ids[:, 1:], and (B, L-1) entropies.
-    """
-    t = temperature if temperature > 0 else 1.0
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, :].float() / t  # (B, L-1, V)
-    logp = torch.log_softmax(logits, dim=-1)  # (B, L-1, V)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, L-1)
-    entropy = -(logp.exp() * logp).sum(-1)  # (B, L-1)
-    return picked, entropy
 
 
 def chunks(n: int, size: int) -> list[slice]:

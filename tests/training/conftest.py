@@ -1,0 +1,35 @@
+"""A small, fast run config for trainer tests (tiny model, toy search tasks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv.configs import RunConfig, config_from_dict
+
+FAST = [
+    "env.tools=[search]",
+    "env.tasks.kinds=[twohop]",
+    "env.max_context_tokens=768",
+    "env.max_result_tokens=160",
+    "policy.max_turn_tokens=48",
+    "algorithm.group_size=2",
+    "trainer.steps=2",
+    "trainer.tasks_per_step=2",
+    "trainer.mini_batch_tasks=2",
+    "trainer.micro_batch_size=4",
+    "trainer.lr=0.001",
+    "trainer.eval_tasks=2",
+    "trainer.checkpoint_every=1",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+]
+
+
+@pytest.fixture
+def fast_overrides(tmp_path, tiny_model_path):
+    return FAST + [f"trainer.output_dir={tmp_path / 'run'}"]
+
+
+@pytest.fixture
+def fast_config(fast_overrides) -> RunConfig:
+    return config_from_dict({}, fast_overrides)

@@ -1,0 +1,50 @@
+"""The trainer on the tiny model: weights change, the policy serves them, metrics are logged."""
+
+from __future__ import annotations
+
+import torch
+
+from agentenv.policies.hf import sequence_logprobs
+from agentenv.training.metrics import read_metrics
+from agentenv.training.trainer import Trainer
+
+
+def test_few_steps_change_weights_and_policy_serves_them(fast_config):
+    trainer = Trainer(fast_config)
+    before = {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
+    sample_ids = None
+    try:
+        for step in range(2):
+            metrics = trainer.train_step(step)
+        assert metrics["rollout/failed"] == 0
+        assert 0.0 <= metrics["rollout/accuracy"] <= 1.0
+        # sampler and trainer share fp32 weights: their logprobs agree closely
+        assert metrics["train/logprob_gap_mean"] < 1e-3, metrics
+        after = trainer.unwrapped().state_dict()
+        changed = [k for k in before if not torch.equal(before[k], after[k])]
+        assert changed, "no weight changed after two training steps"
+        # the rollout policy now holds the trainer's weights: same logprobs
+        task = trainer.rt.tasks.train[0]
+        from agentenv.tasks.prompts import render_prompt
+
+        sample_ids = torch.tensor([render_prompt(trainer.rt.tokenizer, task.messages)])
+        with torch.no_grad():
+            want, _ = sequence_logprobs(trainer.unwrapped(), sample_ids)
+            got, _ = sequence_logprobs(trainer.rt.policy.model, sample_ids)
+        assert torch.allclose(want, got, atol=1e-5)
+    finally:
+        trainer.close()
+
+
+def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
+    result = Trainer(fast_config).train()
+    out = result.output_dir
+    records = read_metrics(out / "metrics.jsonl")
+    steps = [r["step"] for r in records if "rollout/reward" in r]
+    assert steps == [1, 2]
+    for key in ("rollout/reward", "rollout/tool_calls_per_traj", "rollout/gen_tokens_per_group", "rollout/entropy",
+                "train/clip_frac", "train/logprob_gap_mean", "time/step_s"):
+        assert key in records[0], key
+    assert (out / "checkpoints" / "step_000002" / "trainer_state.json").exists()
+    assert (out / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    assert result.final_eval is not None and result.final_eval.n_tasks == 2
