@@ -1,1 +1,23 @@
-"""agentenv.rollout"""
+"""agentenv.rollout: the async engine that drives policies against envs."""
+
+from agentenv.rollout.engine import (
+    Episode,
+    RolloutConfig,
+    RolloutEngine,
+    StepResult,
+    concat_generations,
+    derive_seed,
+    run_episode,
+    run_group,
+)
+
+__all__ = [
+    "Episode",
+    "RolloutConfig",
+    "RolloutEngine",
+    "StepResult",
+    "concat_generations",
+    "derive_seed",
+    "run_episode",
+    "run_group",
+]

@@ -1,0 +1,350 @@
+"""The async rollout engine: policies against AgentEnvs, one coroutine per episode.
+
+Each episode is a coroutine (generate, step the env, generate again), so a slow
+tool call of one episode never holds up another's generation, and there is no
+round barrier. A failing episode (exception or timeout) is recorded as a failed
+trajectory and never aborts its group.
+
+Samplers beyond independent ones (ARPO's tree) build on `Episode`: generate a
+turn with a custom `max_tokens`, continue a partial turn, `fork()` at a branch
+point, and `concat_generations` to join the pieces of one turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentenv.errors import ConfigError, InfraError
+from agentenv.tasks.task import Task
+from agentenv.types import Generation, Group, SamplingParams, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes are driven.
+
+    Attributes:
+        max_turn_tokens: Most tokens the policy may generate in one turn; None
+            uses `SamplingParams.max_tokens`. Each call also stays within the
+            env's remaining context budget.
+        generation_timeout_s: Wall-clock limit of one `generate` call; None for no limit.
+        episode_timeout_s: Wall-clock limit of a whole episode; None for no limit.
+        max_concurrency: Most episodes in flight at once (per engine).
+    """
+
+    max_turn_tokens: int | None = None
+    generation_timeout_s: float | None = 600.0
+    episode_timeout_s: float | None = 3600.0
+    max_concurrency: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_turn_tokens is not None and (not isinstance(self.max_turn_tokens, int) or self.max_turn_tokens < 1):
+            raise ConfigError("rollout.max_turn_tokens", f"must be an int >= 1 or None, got {self.max_turn_tokens!r}")
+        for key in ("generation_timeout_s", "episode_timeout_s"):
+            v = getattr(self, key)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise ConfigError(f"rollout.{key}", f"must be a number > 0 or None, got {v!r}")
+        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
+            raise ConfigError("rollout.max_concurrency", f"must be an int >= 1, got {self.max_concurrency!r}")
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed mixed from integers (episode seed, turn index, ...); same parts, same seed."""
+    words = [int(p) % (1 << 64) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def concat_generations(*gens: Generation) -> Generation:
+    """Join the pieces of one turn (a partial turn and its continuation).
+
+    The result's `finish_reason` and `stop_string` are those of the last piece.
+    """
+    if not gens:
+        raise ValueError("concat_generations needs at least one Generation")
+    return Generation(
+        token_ids=[t for g in gens for t in g.token_ids],
+        logprobs=[x for g in gens for x in g.logprobs],
+        entropies=[x for g in gens for x in g.entropies],
+        finish_reason=gens[-1].finish_reason,
+        stop_string=gens[-1].stop_string,
+    )
+
+
+@dataclass
+class StepResult:
+    """One env step, with the generation that caused it.
+
+    Attributes:
+        generation: The policy's turn.
+        observation: The tool result's token ids (empty when none).
+        reward: The env's reward (non-zero only at the end).
+        terminated: The episode ended by the policy (answer or EOS).
+        truncated: The episode was cut (length, context, tool limit).
+        info: The env's step info.
+    """
+
+    generation: Generation
+    observation: list[int]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+def _unwrap(env: Any) -> Any:
+    """The env itself, or under gymnasium wrappers the base env (wrappers are sync-only)."""
+    if hasattr(env, "astep") and hasattr(env, "fork"):
+        return env
+    inner = getattr(env, "unwrapped", None)
+    if inner is not None and hasattr(inner, "astep"):
+        return inner
+    raise TypeError(f"the rollout needs an env with astep() and fork() (an AgentEnv), got {type(env).__name__}")
+
+
+class Episode:
+    """One episode driven turn by turn; the building block of samplers.
+
+    Per-call seeds are derived from the episode seed and the index of the
+    `generate` call, so the same seed and the same sequence of calls give the
+    same trajectory.
+
+    Args:
+        policy: A `Policy`.
+        env: An `AgentEnv` (gymnasium wrappers are looked through).
+        params: Base sampling parameters; `stop`, `max_tokens` and `seed` are set per call.
+        seed: Episode seed (reset seed and source of the per-call seeds).
+        config: Rollout limits.
+
+    Attributes:
+        gen_time_s: Wall time this Episode object waited for the policy.
+        generated_tokens: Tokens this Episode object generated (a fork starts
+            at 0, so summing over a tree counts shared prefixes once).
+    """
+
+    def __init__(
+        self, policy: Any, env: Any, params: SamplingParams, seed: int, config: RolloutConfig | None = None
+    ):
+        self.policy = policy
+        self.env = _unwrap(env)
+        self.params = params
+        self.seed = int(seed)
+        self.config = config or RolloutConfig()
+        self.gen_time_s = 0.0
+        self.generated_tokens = 0
+        self.turns = 0
+        self._calls = 0
+
+    @property
+    def done(self) -> bool:
+        return bool(self.env.done)
+
+    def reset(self, task: Task) -> list[int]:
+        """Reset the env on `task` with the episode seed; returns the prompt ids."""
+        obs, _ = self.env.reset(seed=self.seed, options={"task": task})
+        return [int(t) for t in obs]
+
+    def turn_cap(self) -> int:
+        """Most tokens of one turn (config, else the base params)."""
+        return self.config.max_turn_tokens or self.params.max_tokens
+
+    async def generate(self, max_tokens: int | None = None, prefix: Generation | None = None) -> Generation:
+        """Generate (part of) a turn from the current context.
+
+        Args:
+            max_tokens: Most new tokens; default: the turn cap minus the
+                prefix. Always within the env's remaining context.
+            prefix: A partial turn to continue (its tokens are appended to the
+                prompt, not to the env); the result is prefix + continuation.
+                A prefix that already finished (`stop`/`eos`) is returned as is.
+
+        Returns:
+            The turn (or its first part when `max_tokens` cut it: finish `length`).
+
+        Raises:
+            InfraError: The policy timed out.
+        """
+        done = prefix.token_ids if prefix is not None else []
+        if prefix is not None and prefix.finish_reason != "length":
+            return prefix
+        cap = max_tokens if max_tokens is not None else self.turn_cap() - len(done)
+        budget = min(cap, self.env.remaining_tokens - len(done))
+        if budget < 1:
+            empty = Generation([], [], [], "length")
+            return concat_generations(prefix, empty) if prefix is not None else empty
+        params = dataclasses.replace(
+            self.params,
+            max_tokens=budget,
+            stop=tuple(self.env.stop_strings),
+            seed=derive_seed(self.seed, self._calls),
+        )
+        self._calls += 1
+        prompt = self.env.context + list(done)
+        t0 = time.perf_counter()
+        try:
+            gen = await asyncio.wait_for(self.policy.generate(prompt, params), self.config.generation_timeout_s)
+        except TimeoutError as e:
+            raise InfraError(
+                f"policy.generate timed out after {self.config.generation_timeout_s:g} s "
+                f"(prompt {len(prompt)} tokens); raise rollout.generation_timeout_s or check the policy backend"
+            ) from e
+        finally:
+            self.gen_time_s += time.perf_counter() - t0
+        if not isinstance(gen, Generation):
+            raise TypeError(f"policy.generate returned {type(gen).__name__}, expected agentenv.types.Generation")
+        self.generated_tokens += len(gen.token_ids)
+        return concat_generations(prefix, gen) if prefix is not None else gen
+
+    async def step(self, generation: Generation) -> StepResult:
+        """Give a (complete) turn to the env."""
+        obs, reward, terminated, truncated, info = await self.env.astep(generation)
+        self.turns += 1
+        return StepResult(generation, [int(t) for t in obs], float(reward), bool(terminated), bool(truncated), info)
+
+    async def play_turn(self, max_tokens: int | None = None) -> StepResult:
+        """Generate one turn and step the env with it."""
+        return await self.step(await self.generate(max_tokens))
+
+    async def run(self) -> None:
+        """Play turns until the episode ends."""
+        while not self.done:
+            await self.play_turn()
+
+    def fork(self, seed: int) -> "Episode":
+        """A branch: the env forked (context, counters, tools), a new seed for what follows."""
+        new = Episode(self.policy, self.env.fork(), self.params, seed, self.config)
+        new.turns = self.turns
+        return new
+
+    def trajectory(self) -> Trajectory:
+        """The env's trajectory with this Episode's generation time and token count."""
+        traj = self.env.trajectory()
+        traj.gen_time_s = self.gen_time_s
+        traj.info["generated_tokens"] = self.generated_tokens
+        traj.info["seed"] = self.seed
+        return traj
+
+    def failed_trajectory(self, task: Task, error: BaseException | str) -> Trajectory:
+        """The trajectory so far, marked failed with the error's message."""
+        try:
+            traj = self.trajectory()
+        except Exception:  # noqa: BLE001 - the env may be broken; record what we can
+            traj = Trajectory(task_id=task.id, info={"seed": self.seed})
+        traj.task_id = task.id
+        traj.failed = True
+        traj.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        traj.finish_reason = "error"
+        traj.reward = 0.0
+        return traj
+
+    async def aclose(self) -> None:
+        """Close the episode's tools (the env's prototypes stay open)."""
+        await self.env.aclose()
+
+
+class RolloutEngine:
+    """Runs episodes and groups for one policy under one concurrency limit.
+
+    Args:
+        policy: A `Policy`.
+        config: Rollout limits.
+    """
+
+    def __init__(self, policy: Any, config: RolloutConfig | None = None):
+        self.policy = policy
+        self.config = config or RolloutConfig()
+        self._sem = asyncio.Semaphore(self.config.max_concurrency)
+
+    async def run_episode(self, env: Any, task: Task, params: SamplingParams, seed: int) -> Trajectory:
+        """Roll out one episode to its end. Never raises for a failing episode.
+
+        Returns:
+            The trajectory; on any exception or timeout `failed=True`,
+            `finish_reason="error"` and `error` holds the message. The
+            episode's tools are closed in every case.
+        """
+        async with self._sem:
+            ep = Episode(self.policy, env, params, seed, self.config)
+            t0 = time.monotonic()
+            try:
+                async with asyncio.timeout(self.config.episode_timeout_s):
+                    ep.reset(task)
+                    await ep.run()
+                traj = ep.trajectory()
+            except TimeoutError as e:
+                # asyncio.timeout's error has no message; others keep theirs.
+                msg = f"TimeoutError: episode timed out after {self.config.episode_timeout_s:g} s"
+                traj = ep.failed_trajectory(task, e if str(e) else msg)
+            except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
+                traj = ep.failed_trajectory(task, e)
+            try:
+                await ep.aclose()
+            except Exception as e:  # noqa: BLE001
+                traj.info["close_error"] = f"{type(e).__name__}: {e}"
+            traj.info["t_start"] = t0
+            traj.info["t_end"] = time.monotonic()
+            return traj
+
+    async def run_group(
+        self, make_env: Callable[[], Any], task: Task, n: int, params: SamplingParams, seed: int
+    ) -> Group:
+        """Roll out `n` independent episodes of `task` concurrently.
+
+        Episode i gets seed `derive_seed(seed, i)` and its own env from `make_env()`.
+        """
+        if n < 1:
+            raise ValueError(f"run_group needs n >= 1, got {n}")
+        t0 = time.monotonic()
+
+        async def one(i: int) -> Trajectory:
+            ep_seed = derive_seed(seed, i)
+            try:
+                env = make_env()
+            except Exception as e:  # noqa: BLE001
+                return Trajectory(
+                    task_id=task.id, finish_reason="error", failed=True,
+                    error=f"make_env failed: {type(e).__name__}: {e}", info={"seed": ep_seed},
+                )  # fmt: skip
+            return await self.run_episode(env, task, params, ep_seed)
+
+        trajs = await asyncio.gather(*(one(i) for i in range(n)))
+        return Group(
+            task=task,
+            trajectories=list(trajs),
+            info={"seed": seed, "failed": sum(t.failed for t in trajs), "wall_s": time.monotonic() - t0},
+        )
+
+
+async def run_episode(
+    policy: Any,
+    env: Any,
+    task: Task,
+    params: SamplingParams,
+    seed: int,
+    config: RolloutConfig | None = None,
+) -> Trajectory:
+    """Roll out one episode (see `RolloutEngine.run_episode`)."""
+    return await RolloutEngine(policy, config).run_episode(env, task, params, seed)
+
+
+async def run_group(
+    policy: Any,
+    make_env: Callable[[], Any],
+    task: Task,
+    n: int,
+    params: SamplingParams,
+    seed: int,
+    config: RolloutConfig | None = None,
+) -> Group:
+    """Roll out a group of `n` episodes concurrently (see `RolloutEngine.run_group`)."""
+    return await RolloutEngine(policy, config).run_group(make_env, task, n, params, seed)
