@@ -1,0 +1,129 @@
+"""The Python sandbox's one validated config."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from agentenv.errors import ConfigError
+
+SandboxMode = Literal["stateless", "session"]
+
+_MiB = 1024 * 1024
+_KEY = "python_sandbox"
+
+
+@dataclass(frozen=True)
+class PythonSandboxConfig:
+    """How model-written Python runs: image, pool, limits, output cut.
+
+    Attributes:
+        image: Docker image the containers run. `build_image` builds it offline
+            from Debian packages (python3, numpy, sympy) when it is missing.
+        pull_image: Image `build_image` tries to pull (and tag as `image`)
+            before building offline; None skips the pull.
+        pull_timeout_s: Give up pulling after this long (no registry here).
+        debian_suite: Debian release debootstrap builds the image from.
+        debian_mirror: Debian mirror debootstrap downloads from.
+        pool_size: Warm containers started once and reused.
+        mode: `stateless`: every call starts clean (the paper's tool).
+            `session`: variables persist across one episode's calls like
+            notebook cells, and `fork()` copies the live state (ARPO branching).
+        timeout_s: Wall-clock limit of one call; the call's processes are
+            killed when it passes.
+        memory_mb: Memory limit of each container (no swap).
+        pids_limit: Most processes (threads included) in one container.
+        cpus: CPU quota of each container, in cores.
+        workdir_size_mb: Size of the writable tmpfs work dir (`/work`); it
+            counts against `memory_mb`.
+        user: uid:gid the runner and the code run as (65534 = nobody).
+        output_head_bytes: Bytes kept from the start of stdout and of stderr.
+        output_tail_bytes: Bytes kept from the end of stdout and of stderr
+            (the traceback tail survives the cut).
+        output_limit_bytes: A call that prints more than this in all is
+            stopped and reported as "output too large".
+        max_code_bytes: Longer code is refused before it reaches the sandbox.
+        preload: Modules the runner imports once at start, so that a call's
+            `import numpy` costs nothing (missing ones are skipped).
+        print_last_expr: Print the value of a trailing expression, as a
+            notebook does (the ARPO paper's tool does too).
+        start_timeout_s: Most time a new container may take to answer.
+        docker_timeout_s: Timeout of one Docker API request.
+        label: Label key every container carries; `close` and the next start
+            remove containers carrying it.
+    """
+
+    image: str = "agentenv/python-sandbox:bookworm"
+    pull_image: str | None = "python:3.11-slim"
+    pull_timeout_s: float = 20.0
+    debian_suite: str = "bookworm"
+    debian_mirror: str = "http://deb.debian.org/debian"
+    pool_size: int = 4
+    mode: SandboxMode = "stateless"
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    pids_limit: int = 64
+    cpus: float = 1.0
+    workdir_size_mb: int = 64
+    user: str = "65534:65534"
+    output_head_bytes: int = 4096
+    output_tail_bytes: int = 4096
+    output_limit_bytes: int = 16 * _MiB
+    max_code_bytes: int = 256 * 1024
+    preload: tuple[str, ...] = ("numpy", "sympy")
+    print_last_expr: bool = True
+    start_timeout_s: float = 60.0
+    docker_timeout_s: float = 60.0
+    label: str = "agentenv.sandbox"
+
+    def __post_init__(self) -> None:
+        if not self.image or not isinstance(self.image, str):
+            raise ConfigError(f"{_KEY}.image", f"must be a non-empty image name, got {self.image!r}")
+        if self.mode not in ("stateless", "session"):
+            raise ConfigError(f"{_KEY}.mode", f"must be 'stateless' or 'session', got {self.mode!r}")
+        _positive_int("pool_size", self.pool_size, lo=1, hi=256)
+        _positive_int("memory_mb", self.memory_mb, lo=64)
+        _positive_int("pids_limit", self.pids_limit, lo=8)
+        _positive_int("workdir_size_mb", self.workdir_size_mb, lo=1)
+        _positive_int("output_head_bytes", self.output_head_bytes, lo=0)
+        _positive_int("output_tail_bytes", self.output_tail_bytes, lo=0)
+        _positive_int("max_code_bytes", self.max_code_bytes, lo=1)
+        for key in ("timeout_s", "pull_timeout_s", "start_timeout_s", "docker_timeout_s", "cpus"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{_KEY}.{key}", f"must be a number > 0, got {value!r}")
+        if self.output_head_bytes + self.output_tail_bytes == 0:
+            raise ConfigError(f"{_KEY}.output_head_bytes", "output_head_bytes + output_tail_bytes must be > 0, got 0 + 0")
+        cut = self.output_head_bytes + self.output_tail_bytes
+        if self.output_limit_bytes < cut:
+            raise ConfigError(
+                f"{_KEY}.output_limit_bytes",
+                f"{self.output_limit_bytes} must be >= output_head_bytes + output_tail_bytes = {cut}",
+            )
+        if self.workdir_size_mb >= self.memory_mb:
+            raise ConfigError(
+                f"{_KEY}.workdir_size_mb",
+                f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",
+            )
+        if not re.fullmatch(r"\d+:\d+", str(self.user)) or self.user.split(":")[0] == "0":
+            raise ConfigError(f"{_KEY}.user", f"must be a non-root 'uid:gid' pair, got {self.user!r}")
+        if isinstance(self.preload, str):
+            object.__setattr__(self, "preload", (self.preload,))
+        else:
+            object.__setattr__(self, "preload", tuple(self.preload))
+        for mod in self.preload:
+            if not re.fullmatch(r"[A-Za-z_][\w.]*", mod):
+                raise ConfigError(f"{_KEY}.preload", f"{mod!r} is not a module name")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", self.label):
+            raise ConfigError(f"{_KEY}.label", f"must be a lowercase docker label key, got {self.label!r}")
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mb * _MiB
+
+
+def _positive_int(key: str, value: object, *, lo: int, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ConfigError(f"{_KEY}.{key}", f"must be an int {bound}, got {value!r}")

@@ -1,0 +1,156 @@
+"""`PythonTool`: the `python` tool of the Tool protocol, backed by a SandboxPool."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+from agentenv.tools.python_sandbox.config import PythonSandboxConfig
+from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
+from agentenv.types import ToolResult
+
+_FENCE = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def clean_code(query: str) -> str:
+    """The code inside `<python>...</python>`: a markdown fence around it is dropped."""
+    m = _FENCE.match(query)
+    return m.group(1) if m else query.strip("\n")
+
+
+def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0.0) -> ToolResult:
+    """What the model reads: stdout, then stderr (traceback tail), then why it stopped."""
+    reason = None
+    note = None  # a line for the model when the reason is not already in stderr
+    if r.timed_out:
+        reason = f"timeout after {cfg.timeout_s:g} s"
+        note = f"TimeoutError: the code ran longer than {cfg.timeout_s:g} s and was stopped"
+    elif r.output_limit:
+        reason = "output too large"
+        note = f"OutputError: the code printed more than {cfg.output_limit_bytes} bytes and was stopped"
+    elif r.oom:
+        reason = f"out of memory (limit {cfg.memory_mb} MiB)"
+        note = f"MemoryError: the code used more than {cfg.memory_mb} MiB and was killed"
+    elif r.session_lost:
+        reason = r.error or "session lost"
+        note = f"SessionError: {reason}"
+    elif r.signal is not None:
+        reason = f"killed by {_signal_name(r.signal)}"
+        note = f"the code's process was {reason}"
+    elif r.error:
+        reason = r.error
+        if r.exit_code is None:  # the runner could not run it at all: nothing in stderr says why
+            note = r.error
+    elif r.exit_code not in (0, None):
+        reason = f"exit status {r.exit_code}"
+    parts = [p for p in (r.stdout, r.stderr) if p]
+    text = "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+    if note:
+        text += note + "\n"
+    if r.rolled_back:
+        text += "(the session's variables are as they were before this call)\n"
+    return ToolResult(
+        text=text.rstrip("\n"),
+        ok=reason is None,
+        error=reason,
+        latency_s=latency_s,
+        metadata={
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "timed_out": r.timed_out,
+            "oom": r.oom,
+            "output_limit": r.output_limit,
+            "stdout_bytes": r.stdout_bytes,
+            "stderr_bytes": r.stderr_bytes,
+            "sandbox_s": r.duration_s,
+            "container": r.container,
+            "rolled_back": r.rolled_back,
+        },
+    )
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class PythonTool:
+    """Runs model-written Python in the Docker sandbox (`<python>code</python>`).
+
+    A prototype built from a config owns its pool (started on the first call)
+    and closes it in `aclose`. `fork()` gives a tool that shares the pool: in
+    stateless mode a plain view, in session mode a copy of the live session
+    (a fresh empty session if this tool has none yet). A fork's `aclose` frees
+    only its own session.
+
+    Args:
+        config: Sandbox settings (mode, limits, image). Defaults to `PythonSandboxConfig()`.
+        pool: A pool to share instead of creating one; the caller closes it.
+    """
+
+    name = "python"
+
+    def __init__(self, config: PythonSandboxConfig | None = None, *, pool: SandboxPool | None = None):
+        if pool is not None and config is not None and config is not pool.config:
+            raise ValueError("pass either config or pool (the pool carries its own config)")
+        self._owns_pool = pool is None
+        self.pool = pool or SandboxPool(config or PythonSandboxConfig())
+        self.config = self.pool.config
+        self._session: SandboxSession | None = None
+        self._closed = False
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    async def __call__(self, query: str) -> ToolResult:
+        t0 = time.monotonic()
+        code = clean_code(query)
+        n = len(code.encode("utf-8", "surrogatepass"))
+        if not code.strip():
+            return ToolResult(text="Error: no code to run", ok=False, error="empty code")
+        if n > self.config.max_code_bytes:
+            why = f"code too large: {n} bytes > limit {self.config.max_code_bytes} bytes"
+            return ToolResult(text=f"Error: {why}", ok=False, error=why)
+        if self.config.mode == "stateless":
+            r = await self.pool.run(code)
+        else:
+            r = await self._run_in_session(code)
+            if isinstance(r, ToolResult):
+                r.latency_s = time.monotonic() - t0
+                return r
+        return to_tool_result(r, self.config, time.monotonic() - t0)
+
+    async def _run_in_session(self, code: str) -> ExecResult | ToolResult:
+        if self._session is None or self._session.closed:
+            self._session = await self.pool.open_session()
+        try:
+            r = await self._session.run(code)
+        except SessionLost as e:
+            self._session = None
+            why = f"session lost ({e}); a fresh session starts with the next call, so define your variables again"
+            return ToolResult(text=f"SessionError: {why}", ok=False, error="session lost")
+        if r.session_lost:
+            self._session = None
+        return r
+
+    def fork(self) -> "PythonTool":
+        """An independent copy: shares the pool, copies the session's variables."""
+        twin = PythonTool(pool=self.pool)
+        if self.config.mode == "session" and self._session is not None and not self._session.closed:
+            twin._session = self._session.fork()
+        return twin
+
+    async def aclose(self) -> None:
+        """Frees this tool's session; the prototype that built the pool also closes it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.aclose()
+        if self._owns_pool:
+            await self.pool.aclose()
