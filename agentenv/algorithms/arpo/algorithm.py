@@ -1,0 +1,46 @@
+"""ARPO as an algorithm plugin: the tree sampler, soft or hard advantages, GRPO's loss."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from agentenv.algorithms.arpo.config import ARPOConfig
+from agentenv.algorithms.arpo.sampler import TreeSampler
+from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
+from agentenv.algorithms.base import TrainBatch
+from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss, trajectory_advantages
+from agentenv.types import Group
+
+
+def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:
+    """Per trajectory, a (len,) tensor: GRPO's group advantage (soft), or its mean over shared tokens (hard)."""
+    scalars = trajectory_advantages(group, cfg.normalize_std)  # over all M trajectories of the tree
+    trajs = group.trajectories
+    if cfg.advantage == "soft":
+        return [broadcast(t, a) for t, a in zip(trajs, scalars)]
+    parents, branch = tree_indices(trajs)
+    return shared_token_mean(scalars, [len(t) for t in trajs], parents, branch, valid=[not t.failed for t in trajs])
+
+
+class ARPO:
+    """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849)."""
+
+    config_cls: ClassVar[type] = ARPOConfig
+
+    def __init__(self, cfg: ARPOConfig | None = None):
+        self.cfg = cfg or ARPOConfig()
+
+    def group_size(self) -> int:
+        """M: every trajectory of a task's tree, branches included."""
+        return self.cfg.group_size
+
+    def sampler(self) -> TreeSampler:
+        return TreeSampler(self.cfg)
+
+    def advantages(self, group: Group) -> list[torch.Tensor]:
+        return arpo_advantages(group, self.cfg)
+
+    def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        return policy_loss(batch, new_logprobs, self.cfg)

@@ -1,0 +1,109 @@
+"""ARPO's validated config: the tree budget, the branching rule, the advantage mode.
+
+The loss fields (clip ranges, aggregation, KL) are GRPO's: `ARPOConfig`
+subclasses `GRPOConfig`, so they are declared and validated in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from agentenv.algorithms.grpo.config import GRPOConfig
+from agentenv.errors import ConfigError
+
+BranchRule = Literal["threshold", "stochastic"]
+AdvantageMode = Literal["soft", "hard"]
+EntropyNorm = Literal["log_vocab", "none"]
+
+
+@dataclass(frozen=True)
+class ARPOConfig(GRPOConfig):
+    """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849, section 3).
+
+    Symbols are the paper's. Inherited from GRPOConfig: `normalize_std`,
+    `clip_low`, `clip_high`, `loss_agg`, `kl_coef` (the paper: KL 0).
+
+    Attributes:
+        group_size: M, the global budget: trajectories per task, counting
+            every branch (the paper: 16). GRPO's `group_size` at the same value
+            samples as many trajectories, so a benchmark compares like with like.
+        initial_rollouts: N, trajectories first sampled independently; the
+            other M - N are grown by branching (the paper: 8).
+        beam_size: Z, new paths started at one branch point, besides the path
+            that continues (the paper's `Branch(Z)`: 2). At the end of the budget
+            a branch point gets only the slots that are left.
+        alpha: α, base branching probability in P_t = α + β·ΔH_t (the paper: 0.5).
+        beta: β, weight of the entropy change in P_t (the paper: 0.2).
+        tau: τ, the threshold P_t is compared with (the paper: 0.5).
+        entropy_window: k, tokens over which an entropy is averaged: the first k
+            of a trajectory give H_initial, the first k after a tool result give
+            H_t (the paper: 20). Per-token means, not sums as in the published code.
+        branch_rule: `threshold` (the paper: branch when P_t > τ) or
+            `stochastic` (the published code: branch with probability
+            clip(τ + β·ΔH_t, 0, 1)). Default `threshold`: it is the rule the
+            paper states; it is deterministic given the entropies, so a run is
+            reproducible and the branch points can be read off the logs; and it
+            spends the budget only where entropy rose (with α = τ it branches
+            exactly when ΔH_t > 0, whatever the normalization), while with
+            normalized ΔH_t the stochastic rule is close to a fair coin
+            (|β·ΔH_t| ≤ 0.2) and so mostly ignores the entropy that motivates
+            ARPO. No budget is lost when the rule rarely fires: unused slots are
+            filled with independent trajectories.
+        advantage: `soft` (the paper's default: GRPO's group advantage over all
+            M trajectories; shared prefixes get the mean through the loss) or
+            `hard` (tokens shared by d trajectories get the mean of their d
+            advantages, each trajectory's own tokens its own advantage).
+        entropy_norm: How ΔH_t = H_t - H_initial is normalized (the paper
+            normalizes ΔH_t without fixing a scale that carries over between
+            vocabularies). `log_vocab` divides by ln|V|, the largest possible
+            per-token entropy, so ΔH_t lies in [-1, 1] for any model; `none`
+            keeps nats (stronger dependence on entropy for the stochastic rule).
+    """
+
+    group_size: int = 16
+    initial_rollouts: int = 8
+    beam_size: int = 2
+    alpha: float = 0.5
+    beta: float = 0.2
+    tau: float = 0.5
+    entropy_window: int = 20
+    branch_rule: BranchRule = "threshold"
+    advantage: AdvantageMode = "soft"
+    entropy_norm: EntropyNorm = "log_vocab"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        M, N = self.group_size, self.initial_rollouts
+        if N < 1:
+            raise ConfigError("algorithm.initial_rollouts", f"N must be >= 1, got {N}")
+        if M <= N:
+            raise ConfigError(
+                "algorithm.group_size",
+                f"M {M} must exceed initial_rollouts N {N}: the M - N others are grown by branching",
+            )
+        for key in ("beam_size", "entropy_window"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"algorithm.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("alpha", "tau"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise ConfigError(f"algorithm.{key}", f"must be a probability in [0, 1], got {v}")
+        if not (math.isfinite(self.beta) and self.beta >= 0.0):
+            raise ConfigError("algorithm.beta", f"must be a finite number >= 0, got {self.beta}")
+        choices = {
+            "branch_rule": ("threshold", "stochastic"),
+            "advantage": ("soft", "hard"),
+            "entropy_norm": ("log_vocab", "none"),
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
+                )
+
+    @property
+    def branch_budget(self) -> int:
+        """M - N: the trajectories grown by branching."""
+        return self.group_size - self.initial_rollouts
