@@ -1,0 +1,364 @@
+"""ARPO's tree sampler on the real async engine and real AgentEnvs.
+
+The policy here plays scripted turns with entropies chosen by the test, so the
+branching rule's input is known exactly; the env, the tools and the rollout
+engine are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+import pytest
+
+from agentenv.algorithms.arpo import ARPO, ARPOConfig, TreeSampler, group_generated_tokens
+from agentenv.algorithms.grpo import IndependentSampler
+from agentenv.envs.agent_env import AgentEnv
+from agentenv.envs.testing import CounterTool, EchoTool, FailingTool, SleepTool, boxed_reward, build_test_tokenizer, make_task
+from agentenv.types import Generation, Group, SamplingParams
+
+PARAMS = SamplingParams(max_tokens=64)
+
+# turn_fn(node_text, seed) -> the turn's text; entropy_fn(node_text, position) -> entropy of that token
+TurnFn = Callable[[str, int], str]
+EntropyFn = Callable[[str, int], float]
+
+
+def _last(hay: list[int], needle: list[int]) -> int:
+    """Index just after the last occurrence of `needle` in `hay`, or -1."""
+    n = len(needle)
+    for i in range(len(hay) - n, -1, -1):
+        if hay[i : i + n] == needle:
+            return i + n
+    return -1
+
+
+class TreePolicy:
+    """Plays a scripted turn per node (the context up to the last tool result or
+    the prompt), chosen from the call's seed, with entropies the test chooses.
+
+    A call whose prompt ends with part of a turn (a probe's tokens) continues
+    that turn, as a real model continues its own tokens.
+    """
+
+    def __init__(self, tokenizer, turn_fn: TurnFn, entropy_fn: EntropyFn, delay_s: float = 0.0):
+        self.tokenizer = tokenizer
+        self.turn_fn = turn_fn
+        self.entropy_fn = entropy_fn
+        self.delay_s = delay_s
+        self.generated = 0
+        self.calls: list[tuple[float, str, bool]] = []  # (time, node text, fresh turn) per call
+        self._made: dict[tuple[int, ...], list[list[int]]] = {}
+        self._marks = [
+            tokenizer.encode("</result>", add_special_tokens=False),
+            tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False),
+        ]
+
+    def enc(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        node = max(_last(prompt_ids, m) for m in self._marks)
+        node_ids, partial = tuple(prompt_ids[:node]), prompt_ids[node:]
+        node_text = self.tokenizer.decode(list(node_ids), skip_special_tokens=False)
+        self.calls.append((time.monotonic(), node_text, not partial))
+        made = self._made.setdefault(node_ids, [])
+        if partial:  # continue the turn these tokens began
+            turn = next(t for t in made if t[: len(partial)] == partial)
+        else:
+            turn = self.enc(self.turn_fn(node_text, params.seed or 0)) + [self.tokenizer.eos_token_id]
+            made.append(turn)
+        rest = turn[len(partial) :][: params.max_tokens]
+        text = self.tokenizer.decode(turn[: len(partial) + len(rest)], skip_special_tokens=False)
+        stop = next((s for s in params.stop if s in text), None)
+        if stop is not None:  # cut right after the stop string, as a real policy does
+            while rest and stop in self.tokenizer.decode(turn[: len(partial) + len(rest) - 1], skip_special_tokens=False):
+                rest = rest[:-1]
+        finish = "stop" if stop else ("eos" if rest and rest[-1] == self.tokenizer.eos_token_id else "length")
+        ents = [self.entropy_fn(node_text, len(partial) + i) for i in range(len(rest))]
+        self.generated += len(rest)
+        return Generation(rest, [-0.5] * len(rest), ents, finish, stop)
+
+    def load_weights(self, named_tensors) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_test_tokenizer()
+
+
+def env_factory(tok, tools_fn=lambda: [EchoTool("search")], **cfg) -> Callable[[], AgentEnv]:
+    config = {"max_context_tokens": 2048, "max_result_tokens": 64, "max_tool_calls": 5, **cfg}
+    return lambda: AgentEnv(tools_fn(), tok, reward_fn=boxed_reward, config=config)
+
+
+def two_searches(node_text: str, seed: int) -> str:
+    """search, search, answer; the seed picks the words, so independent samples differ."""
+    calls = node_text.count("</result>")
+    if calls < 2:
+        return f"<think>s{seed % 9973}</think><search>q{calls} {seed % 97}</search>"
+    return f"<answer>\\boxed{{{seed % 3 + 41}}}</answer>"
+
+
+def entropy(first: float, after_tool: float) -> EntropyFn:
+    """`first` on the first turn, `after_tool` on every turn after a tool result."""
+    return lambda node_text, pos: after_tool if "</result>" in node_text else first
+
+
+def run(sampler, policy, make_env, task=None, seed: int = 0) -> Group:
+    return asyncio.run(sampler.sample(policy, make_env, task or make_task(), PARAMS, seed))
+
+
+def assert_tree(group: Group, cfg: ARPOConfig) -> None:
+    """Never more than M, distinct uids, every branch's prefix a copy of its parent's tokens."""
+    trajs = group.trajectories
+    assert len(trajs) == cfg.group_size
+    assert len({t.uid for t in trajs}) == len(trajs)
+    by_uid = {t.uid: t for t in trajs}
+    for t in trajs:
+        assert not t.failed, t.error
+        if t.parent_uid is None:
+            continue
+        parent = by_uid[t.parent_uid]
+        b = t.branch_token
+        assert t.token_ids[:b] == parent.token_ids[:b]
+        # the branch point is the node right after a tool result
+        ends, pos = [], 0
+        for s in t.segments:
+            pos += len(s)
+            if s.source == "tool":
+                ends.append(pos)
+        assert b in ends
+        assert t.loss_mask[:b] == parent.loss_mask[:b]
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def test_high_entropy_after_tools_spends_the_branch_budget_and_never_more_than_m(tok):
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8, beam_size=2)
+    policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
+    group = run(TreeSampler(cfg), policy, env_factory(tok))
+    assert_tree(group, cfg)
+    roles = [t.info["arpo"]["role"] for t in group.trajectories]
+    assert roles.count("initial") == 8 and roles.count("branch") == 8 and roles.count("fill") == 0
+    assert group.info["branches"] == 8 and group.info["fills"] == 0
+    # beams of Z=2 until the slots run out: 4 branch points, later probes find no slot
+    assert group.info["branch_points"] == 4
+    assert all(d["branch"] for d in group.info["decisions"])
+    # probes stop once the budget is spent (no wasted splits of turns)
+    assert sum(d["forks"] for d in group.info["decisions"]) == 8
+
+
+def test_low_entropy_never_branches_and_fills_with_fresh_samples(tok):
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8)
+    policy = TreePolicy(tok, two_searches, entropy(first=2.0, after_tool=1.0))
+    group = run(TreeSampler(cfg), policy, env_factory(tok))
+    assert_tree(group, cfg)
+    roles = [t.info["arpo"]["role"] for t in group.trajectories]
+    assert roles.count("initial") == 8 and roles.count("fill") == 8
+    assert all(t.parent_uid is None for t in group.trajectories)
+    assert not any(d["branch"] for d in group.info["decisions"])
+    # fresh samples, not copies: every token sequence differs (the seed picks the words)
+    seqs = [tuple(t.token_ids) for t in group.trajectories]
+    assert len(set(seqs)) == len(seqs)
+    seeds = [t.info["seed"] for t in group.trajectories]
+    assert len(set(seeds)) == len(seeds)
+
+
+def test_partial_budget_gives_a_branch_point_only_the_slots_left(tok):
+    cfg = ARPOConfig(group_size=5, initial_rollouts=2, beam_size=2)  # 3 slots: 2 + 1
+    policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
+    group = run(TreeSampler(cfg), policy, env_factory(tok))
+    assert_tree(group, cfg)
+    forks = [d["forks"] for d in group.info["decisions"] if d["forks"]]
+    assert sorted(forks) == [1, 2]
+
+
+def test_branches_that_end_early_leave_the_rest_to_fills(tok):
+    # one tool call per path, and only the first tool result is uncertain: 2 branch points x Z=1
+    def one_search(node_text: str, seed: int) -> str:
+        if "</result>" not in node_text:
+            return f"<search>q {seed % 89}</search>"
+        return f"<answer>\\boxed{{{seed % 7}}}</answer>"
+
+    cfg = ARPOConfig(group_size=8, initial_rollouts=2, beam_size=1)
+    policy = TreePolicy(tok, one_search, entropy(first=1.0, after_tool=3.0))
+    group = run(TreeSampler(cfg), policy, env_factory(tok))
+    assert_tree(group, cfg)
+    roles = [t.info["arpo"]["role"] for t in group.trajectories]
+    # branches do not call tools again, so they never branch: 2 branches, 4 fills
+    assert roles.count("branch") == 2 and roles.count("fill") == 4
+
+
+# --------------------------------------------------------------------------- entropy
+
+
+def test_initial_entropy_is_reset_for_every_batch(tok):
+    state = {"first": 5.0}
+    policy = TreePolicy(tok, two_searches, lambda node, pos: 3.0 if "</result>" in node else state["first"])
+    sampler = TreeSampler(ARPOConfig(group_size=4, initial_rollouts=2))
+    g1 = run(sampler, policy, env_factory(tok), seed=1)
+    assert g1.info["branches"] == 0  # H_t 3.0 < H_initial 5.0
+    state["first"] = 1.0
+    g2 = run(sampler, policy, env_factory(tok), seed=2)
+    # with H_initial kept from the first batch (5.0, as the published code does) nothing would branch
+    assert g2.info["branches"] == 2
+    assert {t.info["arpo"]["h_initial"] for t in g2.trajectories} == {1.0}
+    assert all(d["h_initial"] == 1.0 for d in g2.info["decisions"])
+
+
+def test_entropies_are_per_token_means_over_k_tokens(tok):
+    # the first k=4 tokens of the first turn average 1.0; tokens after them (9.0) are outside the window
+    def ent(node_text: str, pos: int) -> float:
+        if "</result>" in node_text:
+            return [1.2, 1.2, 0.8, 1.6][pos] if pos < 4 else 0.0  # mean 1.2 over the k tokens after the result
+        return 1.0 if pos < 4 else 9.0
+
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, entropy_window=4, entropy_norm="none")
+    group = run(TreeSampler(cfg), TreePolicy(tok, two_searches, ent), env_factory(tok))
+    d = group.info["decisions"][0]
+    assert d["h_initial"] == pytest.approx(1.0)
+    assert d["h_t"] == pytest.approx(1.2)
+    assert d["delta_h"] == pytest.approx(0.2)
+    assert d["branch"]
+
+
+def test_stochastic_rule_runs_within_budget_and_is_deterministic_under_a_seed(tok):
+    cfg = ARPOConfig(group_size=10, initial_rollouts=4, branch_rule="stochastic", entropy_norm="none")
+    policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=1.0))  # ΔH = 0: probability τ
+    a = run(TreeSampler(cfg), policy, env_factory(tok), seed=7)
+    b = run(TreeSampler(cfg), policy, env_factory(tok), seed=7)
+    assert_tree(a, cfg)
+    assert [d["branch"] for d in a.info["decisions"]] == [d["branch"] for d in b.info["decisions"]]
+    assert [t.token_ids for t in a.trajectories] == [t.token_ids for t in b.trajectories]
+    decisions = [d["branch"] for seed in range(4) for d in run(TreeSampler(cfg), policy, env_factory(tok), seed=seed).info["decisions"]]
+    assert 0 < sum(decisions) < len(decisions)
+
+
+# --------------------------------------------------------------------------- forks, async, failures
+
+
+def test_a_branch_forks_the_env_state_at_the_node(tok):
+    forks: list[CounterTool] = []
+    tools = lambda: [CounterTool("python", registry=forks)]  # noqa: E731
+
+    def count_twice(node_text: str, seed: int) -> str:
+        calls = node_text.count("</result>")
+        return "<python>tick</python>" if calls < 2 else "<answer>\\boxed{2}</answer>"
+
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    group = run(TreeSampler(cfg), TreePolicy(tok, count_twice, entropy(1.0, 2.0)), env_factory(tok, tools))
+    assert_tree(group, cfg)
+    texts = [tok.decode(t.token_ids) for t in group.trajectories]
+    # the branches fork the session after count=1; each then counts to 2 on its own (a shared session would reach 3)
+    for text in texts:
+        assert "count=1" in text and "count=2" in text and "count=3" not in text
+    assert all(f.closed for f in forks)  # every path's session is closed
+
+
+def test_branches_generate_while_another_path_waits_for_its_tool(tok):
+    slow = 0.5
+
+    def turns(node_text: str, seed: int) -> str:
+        if "</result>" in node_text:
+            return "<answer>\\boxed{42}</answer>"
+        return "<sleep>long</sleep>" if seed % 2 else "<search>fast</search>"
+
+    def tools():
+        return [EchoTool("search"), SleepTool("sleep", slow)]
+
+    policy = TreePolicy(tok, turns, entropy(1.0, 2.0))
+    cfg = ARPOConfig(group_size=6, initial_rollouts=4, beam_size=2)
+    t0 = time.monotonic()
+    group = run(TreeSampler(cfg), policy, env_factory(tok, tools), seed=3)
+    assert_tree(group, cfg)
+    sleepers = [t for t in group.trajectories if t.tool_calls.get("sleep")]
+    assert sleepers, "the seed should give at least one slow path"
+    branches = [t for t in group.trajectories if t.info["arpo"]["role"] == "branch"]
+    assert branches
+    # fresh turns at fast nodes before the slow tool answered: one probe per fast path, plus the branches' turns
+    fast_paths = sum(1 for t in group.trajectories if t.tool_calls.get("search") and t.parent_uid is None)
+    early = [1 for t, node, fresh in policy.calls if "echo: fast" in node and fresh and t - t0 < slow / 2]
+    assert len(early) == fast_paths + len(branches)
+
+
+def test_a_failing_tool_fails_its_paths_not_the_group(tok):
+    def turns(node_text: str, seed: int) -> str:
+        return "<search>x</search>" if "</result>" not in node_text else "<answer>\\boxed{1}</answer>"
+
+    cfg = ARPOConfig(group_size=4, initial_rollouts=2)
+    group = run(TreeSampler(cfg), TreePolicy(tok, turns, entropy(1.0, 2.0)), env_factory(tok, lambda: [FailingTool()]))
+    assert len(group) == 4
+    assert all(t.failed and "unreachable" in t.error for t in group.trajectories)
+    assert all(t.loss_mask == [0] * len(t) for t in group.trajectories)
+
+
+def test_same_seed_same_tree(tok):
+    cfg = ARPOConfig(group_size=8, initial_rollouts=4)
+    policy = TreePolicy(tok, two_searches, entropy(1.0, 2.0))
+    a, b = (run(TreeSampler(cfg), policy, env_factory(tok), seed=11) for _ in range(2))
+    c = run(TreeSampler(cfg), policy, env_factory(tok), seed=12)
+    assert [t.token_ids for t in a.trajectories] == [t.token_ids for t in b.trajectories]
+    assert [t.branch_token for t in a.trajectories] == [t.branch_token for t in b.trajectories]
+    assert [t.token_ids for t in a.trajectories] != [t.token_ids for t in c.trajectories]
+
+
+# --------------------------------------------------------------------------- token accounting
+
+
+def test_arpo_generates_fewer_tokens_than_grpo_for_the_same_group_size(tok):
+    """M=16, N=8 against G=16 on the same tasks: the shared prefixes are generated once."""
+    tasks = [make_task(task_id=f"t{i}") for i in range(3)]
+    arpo_cfg = ARPOConfig(group_size=16, initial_rollouts=8)
+    rows = []
+    for i, task in enumerate(tasks):
+        p_arpo = TreePolicy(tok, two_searches, entropy(1.0, 2.0))
+        arpo = run(TreeSampler(arpo_cfg), p_arpo, env_factory(tok), task, seed=i)
+        p_grpo = TreePolicy(tok, two_searches, entropy(1.0, 2.0))
+        grpo = run(IndependentSampler(16), p_grpo, env_factory(tok), task, seed=i)
+        assert len(arpo) == len(grpo) == 16
+        # what the policy generated, counted three ways
+        assert arpo.info["generated_tokens"] == p_arpo.generated == group_generated_tokens(arpo)
+        assert group_generated_tokens(grpo) == p_grpo.generated == sum(t.num_policy_tokens for t in grpo)
+        shared = sum(t.num_policy_tokens for t in arpo) - arpo.info["generated_tokens"]
+        assert shared > 0
+        rows.append((task.id, p_arpo.generated, p_grpo.generated, shared))
+    arpo_total, grpo_total = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print("\ntask | ARPO M=16,N=8 generated | GRPO G=16 generated | ARPO copied prefix tokens")
+    for r in rows:
+        print(" | ".join(map(str, r)))
+    assert arpo_total < grpo_total
+
+
+# --------------------------------------------------------------------------- the plugin
+
+
+def test_arpo_plugin_samples_and_scores_a_tree(tok):
+    algo = ARPO(ARPOConfig(group_size=6, initial_rollouts=2, advantage="hard"))
+    group = run(algo.sampler(), TreePolicy(tok, two_searches, entropy(1.0, 2.0)), env_factory(tok), seed=5)
+    advs = algo.advantages(group)
+    assert [a.shape[0] for a in advs] == [len(t) for t in group.trajectories]
+    assert algo.group_size() == len(group) == 6
+
+
+# --------------------------------------------------------------------------- Python session (Docker)
+
+
+def _docker_ok() -> bool:
+    if shutil.which("docker") is None and not os.path.exists("/var/run/docker.sock"):
+        return False
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
