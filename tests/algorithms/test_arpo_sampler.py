@@ -362,3 +362,49 @@ def _docker_ok() -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+def python_session_turns(node_text: str, seed: int) -> str:
+    """x = 41; then, chosen by the seed, `x += 1; print(x)` or `print(x)`; then print(x) again; then answer."""
+    calls = node_text.count("</result>")
+    if calls == 0:
+        return "<python>x = 41</python>"
+    if calls == 1:
+        return "<python>x += 1; print(x)</python>" if seed % 2 else "<python>print(x)</python>"
+    if calls == 2:
+        return "<python>print(x)</python>"
+    return "<answer>\\boxed{42}</answer>"
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="needs a running Docker daemon")
+def test_a_branch_keeps_the_live_python_session_of_its_parent_and_diverges_after(tok):
+    from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool
+
+    proto = PythonTool(PythonSandboxConfig(mode="session", pool_size=1))
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    policy = TreePolicy(tok, python_session_turns, entropy(first=1.0, after_tool=2.0))
+    try:
+        group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=1)
+    finally:
+        asyncio.run(proto.aclose())
+    assert_tree(group, cfg)
+    parent = next(t for t in group.trajectories if t.parent_uid is None)
+    branches = [t for t in group.trajectories if t.parent_uid is not None]
+    assert len(branches) == 2 and {t.parent_uid for t in branches} == {parent.uid}
+
+    def results(t) -> list[str]:
+        return [tok.decode(s.token_ids).replace("<result>", "").replace("</result>", "").strip() for s in t.segments if s.source == "tool"]
+
+    incremented = 0
+    for t in group.trajectories:
+        r = results(t)
+        assert len(r) == 3, r
+        text = tok.decode(t.token_ids)
+        if "x += 1" in text:  # this path changed x: it sees 42, twice
+            assert r[1:] == ["42", "42"]
+            incremented += 1
+        else:  # x = 41 from the parent's session, untouched by a sibling's x += 1
+            assert r[1:] == ["41", "41"]
+    # the seed gives both kinds of path, so the divergence is shown
+    assert 0 < incremented < 3
