@@ -301,6 +301,28 @@ def test_a_failing_tool_fails_its_paths_not_the_group(tok):
     assert all(t.loss_mask == [0] * len(t) for t in group.trajectories)
 
 
+class UnforkableTool(CounterTool):
+    """A session that cannot be copied once it holds state (fork raises)."""
+
+    def fork(self) -> "UnforkableTool":
+        if self.count:
+            raise RuntimeError("session cannot be copied")
+        return UnforkableTool(self.name)
+
+
+def test_a_failed_fork_returns_its_slot_and_the_parent_goes_on(tok):
+    def turns(node_text: str, seed: int) -> str:
+        return "<python>t</python>" if "</result>" not in node_text else f"<answer>\\boxed{{{seed % 5}}}</answer>"
+
+    cfg = ARPOConfig(group_size=4, initial_rollouts=2)
+    group = run(TreeSampler(cfg), TreePolicy(tok, turns, entropy(1.0, 2.0)), env_factory(tok, lambda: [UnforkableTool()]))
+    assert_tree(group, cfg)
+    roles = [t.info["arpo"]["role"] for t in group.trajectories]
+    assert roles.count("initial") == 2 and roles.count("fill") == 2
+    assert all("cannot be copied" in d["fork_errors"][0] for d in group.info["decisions"] if d["branch"])
+    assert group.info["branch_points"] == 0
+
+
 def test_same_seed_same_tree(tok):
     cfg = ARPOConfig(group_size=8, initial_rollouts=4)
     policy = TreePolicy(tok, two_searches, entropy(1.0, 2.0))

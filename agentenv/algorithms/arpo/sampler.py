@@ -132,6 +132,8 @@ class _Tree:
         while self.pending:
             done, _ = await asyncio.wait(self.pending, return_when=asyncio.FIRST_COMPLETED)
             self.pending -= done
+            for t in done:
+                t.result()  # a path records its own failures; anything else is a bug and surfaces here
 
     def _spawn(self, path: _Path, fresh: bool) -> None:
         order = self.started
@@ -230,12 +232,18 @@ class _Tree:
         }
         path.probes.append(record)
         self.decisions.append(record)
-        if n:
-            self.branch_points += 1
         for c in range(n):
-            child = ep.fork(derive_seed(ep.seed, _BRANCH, path.tool_results, c))
+            try:
+                child = ep.fork(derive_seed(ep.seed, _BRANCH, path.tool_results, c))
+            except Exception as e:  # noqa: BLE001 - the parent goes on; the slot goes back to the budget
+                self.slots += 1
+                record["forks"] -= 1
+                record.setdefault("fork_errors", []).append(f"{type(e).__name__}: {e}")
+                continue
             label = f"{path.label}.t{path.tool_results}.b{c}"
             self._spawn(_Path(child, "branch", label, h_initial=path.h_initial), fresh=False)
+        if record["forks"]:
+            self.branch_points += 1
         return probe
 
     async def _generate(self, ep: Episode, max_tokens: int | None = None, prefix: Generation | None = None) -> Generation:
