@@ -309,29 +309,29 @@ class AgentEnv(gymnasium.Env):
         eos = finish == "eos" or (bool(ids) and self._eos_id is not None and ids[-1] == self._eos_id)
 
         if parsed.kind == "answer":
-            return self._finish("answer", terminated=True)
+            return await self._finish("answer", terminated=True)
         if eos:
-            return self._finish("eos", terminated=True)
+            return await self._finish("eos", terminated=True)
         if self.remaining_tokens <= 0:
-            return self._finish("context", truncated=True)
+            return await self._finish("context", truncated=True)
         if parsed.kind == "none":
-            return self._finish("length", truncated=True)
+            return await self._finish("length", truncated=True)
         if self.remaining_tokens < self._formatter.min_tokens:
             # No result could be shown: do not run the call.
-            return self._finish("context", truncated=True)
+            return await self._finish("context", truncated=True)
 
         info: dict[str, Any] = {"turn": self._turns}
         made = await self._answer_call(parsed, info)
         if made is None:
-            return self._finish("tool_limit", truncated=True)
+            return await self._finish("tool_limit", truncated=True)
         budget = min(self.config.max_result_tokens, self.remaining_tokens)
         obs, cut = self._formatter.encode(made, budget)
         if not obs:
-            return self._finish("context", truncated=True)
+            return await self._finish("context", truncated=True)
         self._append(Segment("tool", obs))
         info["result_truncated"] = cut
         if self.remaining_tokens <= 0:
-            return self._finish("context", truncated=True, obs=obs, info=info)
+            return await self._finish("context", truncated=True, obs=obs, info=info)
         return as_token_array(obs), 0.0, False, False, info
 
     async def _answer_call(self, parsed: ParsedTurn, info: dict[str, Any]) -> str | None:
@@ -359,7 +359,7 @@ class AgentEnv(gymnasium.Env):
         info.update(tool=parsed.tool, tool_ok=result.ok)
         return result_text(result)
 
-    def _finish(
+    async def _finish(
         self,
         reason: str,
         *,
@@ -370,7 +370,7 @@ class AgentEnv(gymnasium.Env):
     ):
         self._done = True
         self._finish_reason = reason
-        self._score()
+        await self._score()
         out = dict(info or {})
         out.update(
             turn=self._turns,
@@ -380,7 +380,7 @@ class AgentEnv(gymnasium.Env):
         )
         return as_token_array(obs or []), self._reward, terminated, truncated, out
 
-    def _score(self) -> None:
+    async def _score(self) -> None:
         assert self._task is not None
         reward_fn = self._reward_fn
         if reward_fn is None:
@@ -388,7 +388,8 @@ class AgentEnv(gymnasium.Env):
 
             reward_fn = arpo_reward
         response = self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
-        r = reward_fn(response, self._task, dict(self._tool_calls))
+        # In a worker thread: a symbolic math check may take seconds and must not stall other episodes.
+        r = await asyncio.to_thread(reward_fn, response, self._task, dict(self._tool_calls))
         self._reward = float(r.score)
         self._reward_info = {
             "score": self._reward,

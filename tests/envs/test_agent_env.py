@@ -305,3 +305,13 @@ def test_no_room_for_a_result_ends_without_calling(tok, task, enc):
     obs, _, _, trunc, info = env.step(call)
     assert trunc and info["finish_reason"] == "context" and len(obs) == 0 and echo.calls == []
     assert env.trajectory().segments[-1].source == "policy"
+
+
+def test_default_reward_is_arpo(tok, task, enc):
+    env = AgentEnv([EchoTool("search")], tok)
+    env.reset(options={"task": task})
+    _, r, term, _, info = env.step(enc("<think>6*7</think><answer>\\boxed{42}</answer>"))
+    assert term and r == 1.0 and info["reward"]["correct"] and info["reward"]["format_ok"]
+    env.reset(options={"task": task})
+    _, r, *_ = env.step(enc("<think>6*7</think>42") + [tok.eos_token_id])
+    assert r == -1.0
