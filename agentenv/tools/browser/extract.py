@@ -137,14 +137,14 @@ def html_to_text(html: str, url: str, fast: bool = False) -> tuple[str, str]:
     text = None
     if not fast:
         try:
+            # with_metadata would cost ~4x the extraction itself (date detection); the title comes from <title>.
             doc = trafilatura.bare_extraction(
-                html, url=url, with_metadata=True, include_comments=False, include_tables=True, favor_recall=True
+                html, url=url, with_metadata=False, include_comments=False, include_tables=True, favor_recall=True
             )
         except Exception as e:  # trafilatura on hostile markup: fall back, never crash
             log.debug("trafilatura failed on %s: %s", url, e)
             doc = None
         if doc is not None:
-            title = doc.title or title
             text = doc.text
     if not text:
         text = trafilatura.html2txt(html) or ""

@@ -33,7 +33,7 @@ def address_kind(ip: IPAddress) -> str | None:
             return address_kind(ip.ipv4_mapped)
         if ip.sixtofour is not None:
             return address_kind(ip.sixtofour)
-    for kind in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
+    for kind in ("unspecified", "loopback", "link_local", "multicast", "reserved", "private"):
         if getattr(ip, f"is_{kind}"):
             return kind.replace("_", "-")
     if not ip.is_global:  # shared address space 100.64/10, documentation ranges, ...

@@ -47,16 +47,15 @@ class Selection:
     matched: tuple[str, ...] = ()
 
 
+def _norm(w: str) -> str | None:
+    if w in _STOPWORDS:
+        return None
+    return w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+
+
 def terms(text: str) -> list[str]:
     """Lowercase word terms without stopwords, with a crude plural strip ("towers" ~ "tower")."""
-    out = []
-    for w in _WORD.findall(text.lower()):
-        if w in _STOPWORDS:
-            continue
-        if len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
-            w = w[:-1]
-        out.append(w)
-    return out
+    return [t for t in map(_norm, _WORD.findall(text.lower())) if t is not None]
 
 
 def split_units(text: str, max_unit_chars: int = MAX_UNIT_CHARS) -> list[tuple[int, int]]:
@@ -89,36 +88,50 @@ def select_passage(text: str, goal: str, max_chars: int) -> Selection:
         return Selection(text, 0, len(text), 0.0, tuple(sorted(set(terms(goal)) & set(terms(text)))))
     spans = split_units(text, min(MAX_UNIT_CHARS, max_chars // 2))
     query = set(terms(goal))
-    # (num_units,) query-term counts per unit; terms outside the goal are never needed.
-    unit_tf = [Counter(t for t in terms(text[s:e]) if t in query) for s, e in spans]
+    low = text.lower()
+    if len(low) == len(text):
+        unit_words = [_WORD.findall(low, s, e) for s, e in spans]
+    else:  # lowercasing changed offsets ("İ" -> "i̇"): lower unit by unit
+        unit_words = [_WORD.findall(text[s:e].lower()) for s, e in spans]
+    # The surface forms that normalize to a goal term ("tower", "towers"); all other words are skipped.
+    to_term = {w: t for t in query for w in (t, t + "s") if _norm(w) == t}
+    # (num_units,) goal-term counts per unit; None for the (many) units without any.
+    unit_tf = [Counter(hit) if (hit := [to_term[w] for w in ws if w in to_term]) else None for ws in unit_words]
     n = len(spans)
-    df = Counter(t for tf in unit_tf for t in tf)
+    df = Counter(t for tf in unit_tf if tf for t in tf)
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in df}
     if not idf:
         return _grow(text, spans, 0, 0, max_chars, 0.0, ())
 
-    def score(tf: Counter) -> float:
+    def score(tf: dict[str, int]) -> float:
         return sum(idf[t] * c * (K1 + 1) / (c + K1) for t, c in tf.items() if c)
 
     # Two pointers: for every right end j, the longest window [i, j] that fits.
     best = (-1.0, 0, 0)
-    window: Counter = Counter()
-    i = 0
+    window: dict[str, int] = dict.fromkeys(idf, 0)
+    s, i = 0.0, 0
     for j in range(n):
-        window.update(unit_tf[j])
+        changed = unit_tf[j] is not None
+        if changed:
+            for t, c in unit_tf[j].items():
+                window[t] += c
         while spans[j][1] - spans[i][0] > max_chars:
-            window.subtract(unit_tf[i])
+            if unit_tf[i] is not None:
+                for t, c in unit_tf[i].items():
+                    window[t] -= c
+                changed = True
             i += 1
-        s = score(window)
+        if changed:
+            s = score(window)
         if s > best[0] + 1e-12:
             best = (s, i, j)
     s, i, j = best
     # Trim to the core that carries the score, then grow evenly around it.
-    while i < j and not unit_tf[i]:
+    while i < j and unit_tf[i] is None:
         i += 1
-    while j > i and not unit_tf[j]:
+    while j > i and unit_tf[j] is None:
         j -= 1
-    matched = tuple(sorted(set().union(*unit_tf[i : j + 1])))
+    matched = tuple(sorted(set().union(*(tf for tf in unit_tf[i : j + 1] if tf))))
     return _grow(text, spans, i, j, max_chars, s, matched)
 
 

@@ -169,7 +169,19 @@ def build_app(site: Site) -> web.Application:
     async def pdf(request):
         return web.Response(body=tiny_pdf("Annual report: revenue grew 42 percent in 2023."), content_type="application/pdf")
 
+    async def searxng(request):
+        # A SearXNG-style JSON answer whose results point back at this site.
+        base = f"http://{request.host}"
+        results = [
+            {"title": "Zephyr observatory archive", "url": f"{base}/deep", "content": "An archive of filler."},
+            {"title": "Gone page", "url": f"{base}/missing", "content": "Snippet of a page that is gone."},
+            {"title": "Eiffel Tower", "url": f"{base}/article", "content": "The tower in Paris."},
+            {"title": "Notes", "url": f"{base}/plain", "content": "Plain notes snippet."},
+        ]
+        return web.json_response({"query": request.query.get("q", ""), "results": results})
+
     app = web.Application(middlewares=[count])
+    app.router.add_get("/search", searxng)
     app.router.add_get("/article", article)
     app.router.add_get("/huge", huge)
     app.router.add_get("/stall", stall)

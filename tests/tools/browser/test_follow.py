@@ -1,0 +1,58 @@
+"""Search, then open the top results: summaries (or passages) replace snippets."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv.tools.browser import BrowserTool, FollowSearchTool, split_pages
+from agentenv.tools.search import LocalSearchTool
+from agentenv.tools.search.searxng import SearxngSearchTool
+
+
+def test_split_pages():
+    text = "Page 1: A\nfirst\nmore\n\nPage 2: B\nsecond"
+    assert split_pages(text) == [("A", "first\nmore"), ("B", "second")]
+    assert split_pages("No results found") == []
+
+
+async def test_follow_opens_the_top_results_and_keeps_the_rest(site, cfg):
+    search = SearxngSearchTool(endpoint=site.base, k=4)
+    tool = FollowSearchTool(search, BrowserTool(cfg), top_k=3, passage_chars=800)
+    assert tool.name == "search"
+    r = await tool("launch code of the Zephyr observatory")
+    assert r.ok, r.error
+    pages = split_pages(r.text)
+    assert [t for t, _ in pages] == ["Zephyr observatory archive", "Gone page", "Eiffel Tower", "Notes"]
+    # Page 1 was opened: the passage holding the answer replaces the snippet.
+    assert site.needle in pages[0][1] and "An archive of filler." not in pages[0][1]
+    assert pages[0][1].startswith(site.url("/deep"))
+    # Page 2 could not be opened: its snippet stays, with the reason.
+    assert "Snippet of a page that is gone." in pages[1][1] and "HTTP 404" in pages[1][1]
+    # Page 4 is below top_k: snippet only, never fetched.
+    assert pages[3][1] == "Plain notes snippet." and "/plain" not in site.hits
+    assert r.metadata["followed"] == 3 and r.metadata["opened"] == 2
+    assert len(pages[0][1]) < 800 + 200
+    fork = tool.fork()
+    assert fork.name == "search" and fork.browser.fetcher is tool.browser.fetcher
+    await fork.aclose()
+    await tool.aclose()
+
+
+async def test_results_without_urls_pass_through(tmp_path, cfg):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "title": "Zephyr", "text": "The Zephyr observatory."}\n')
+    local = LocalSearchTool.from_corpus(corpus)
+    tool = FollowSearchTool(local, BrowserTool(cfg))
+    r = await tool("zephyr observatory")
+    assert r.ok and r.text.startswith("Page 1: Zephyr") and r.metadata["followed"] == 0
+
+
+async def test_failed_search_passes_through(cfg):
+    tool = FollowSearchTool(SearxngSearchTool(endpoint="http://127.0.0.1:9"), BrowserTool(cfg))
+    r = await tool("   ")
+    assert not r.ok and "Empty search query" in r.error
+
+
+def test_top_k_must_be_positive(cfg):
+    with pytest.raises(ValueError, match="top_k"):
+        FollowSearchTool(SearxngSearchTool(endpoint="http://127.0.0.1:9"), BrowserTool(cfg), top_k=0)
