@@ -40,7 +40,9 @@ class ScriptedPolicy:
             With a list, the policy is stateless: it finds how many turns are
             already in the context (in order) and plays the next one, so it is
             safe for concurrent episodes and forks. After the last turn it
-            returns only EOS.
+            returns only EOS. Turns are found in order anywhere in the
+            context, so a turn should not also occur verbatim in the prompt
+            (e.g. a bare `<search>query</search>` shown by a system prompt).
         delay_s: Sleep this long in every `generate` (simulates a slow model).
     """
 
