@@ -1,1 +1,37 @@
-"""agentenv.bench"""
+"""agentenv.bench: train several algorithms on the same seeds, tasks and budget; tables and plots.
+
+    agentenv bench configs/bench/toy_grpo_vs_arpo.yaml trainer.steps=2 seeds=[0]
+
+`run_benchmark(path, overrides)` is what the CLI calls; `execute(BenchConfig)`
+runs a config built in code. Heavy modules (torch, the trainer, matplotlib)
+load when a benchmark runs, not on import.
+"""
+
+from agentenv.bench.config import (
+    BenchConfig,
+    ProbeConfig,
+    RunSpec,
+    bench_config_from_dict,
+    load_bench_config,
+    resolve_runs,
+)
+from agentenv.bench.runner import BenchResult, Probe, RunResult, execute, run_benchmark
+from agentenv.bench.stats import PositionEntropy, Spread, entropy_by_position, spread
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "PositionEntropy",
+    "Probe",
+    "ProbeConfig",
+    "RunResult",
+    "RunSpec",
+    "Spread",
+    "bench_config_from_dict",
+    "entropy_by_position",
+    "execute",
+    "load_bench_config",
+    "resolve_runs",
+    "run_benchmark",
+    "spread",
+]

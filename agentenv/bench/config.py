@@ -1,0 +1,284 @@
+"""Benchmark configs: a base run config, named variants, seeds, one budget.
+
+A benchmark YAML looks like this::
+
+    name: toy_grpo_vs_arpo
+    output_dir: runs/bench/toy_grpo_vs_arpo
+    seeds: [0, 1]
+    base:                 # a run config: inline sections, or a path (relative to this file)
+      env: {tools: [search], tasks: {kinds: [twohop]}}
+      trainer: {steps: 6, tasks_per_step: 4}
+    base_overrides: []    # dotted overrides applied to the base
+    variants:             # name -> nested sections or a list of dotted overrides
+      grpo: {algorithm: {name: grpo, group_size: 8}}
+      arpo_soft: ["algorithm.name=arpo", "algorithm.initial_rollouts=4"]
+    probe: {tasks: 8, samples: 2}
+
+A run's config is base, then its variant (merged key by key), then the run
+overrides given on the command line, then the runner's own `trainer.seed` (the
+seed) and `trainer.output_dir` (`output_dir/runs/<variant>/seed<seed>`). Every
+variant must share the budget: tasks, tools, steps, batch and group size, turn
+length and evaluation (checked, see `BUDGET_KEYS`).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentenv.configs import RunConfig, apply_overrides, build_dataclass, config_from_dict, parse_override
+from agentenv.errors import ConfigError
+
+# Sections of a run config; a command-line override starting with one of them
+# applies to every run, after the variant.
+RUN_SECTIONS = ("model", "policy", "env", "algorithm", "trainer", "logging")
+
+# Dotted keys of the resolved run config that every variant must share, so the
+# comparison spends the same budget on the same tasks.
+BUDGET_KEYS = (
+    "model.path",
+    "env",
+    "policy.max_turn_tokens",
+    "policy.temperature",
+    "algorithm.group_size",
+    "trainer.steps",
+    "trainer.tasks_per_step",
+    "trainer.eval_tasks",
+    "trainer.eval_samples",
+    "trainer.eval_temperature",
+)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Rollouts of each trained policy that measure entropy after tool results.
+
+    Attributes:
+        tasks: Held-out tasks to roll out (the first ones of the held-out split).
+        samples: Episodes per task, sampled at `policy.temperature`.
+        positions: Token positions after a tool result to average over (the
+            ARPO paper's pilot figure shows the first ~50).
+        base_model: Also probe the untrained model once, as a reference line.
+    """
+
+    tasks: int = 8
+    samples: int = 2
+    positions: int = 50
+    base_model: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("samples", "positions"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"probe.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.tasks < 0:
+            raise ConfigError("probe.tasks", f"must be >= 0 (0 turns the probe off), got {self.tasks}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A benchmark: every variant trained on every seed with the same budget.
+
+    Attributes:
+        name: Title of the report.
+        output_dir: Where runs, tables and plots go.
+        seeds: Run seeds (`trainer.seed`); each variant trains once per seed.
+            The task generator's seed (`env.tasks.seed`) stays fixed, so all
+            runs see the same training and held-out tasks.
+        base: The base run config as a mapping of sections (a path in the
+            YAML is loaded into this mapping).
+        base_overrides: Dotted overrides applied to `base`.
+        variants: Variant name -> a mapping of sections merged over the base.
+        run_overrides: Dotted overrides applied to every run after its variant
+            (the command line's `model.`/`policy.`/`env.`/... overrides).
+        final_steps: Rollout metrics in the table are means over the last
+            this many training steps (0: half of `trainer.steps`, at least 1).
+        probe: Entropy-after-tool probe of the trained policies.
+        reuse: Reuse a run whose directory already holds its results under the
+            same resolved config (a killed benchmark continues where it stopped).
+    """
+
+    name: str = "bench"
+    output_dir: str = "runs/bench"
+    seeds: tuple[int, ...] = (0,)
+    base: dict[str, Any] = field(default_factory=dict)
+    base_overrides: tuple[str, ...] = ()
+    variants: dict[str, Any] = field(default_factory=dict)
+    run_overrides: tuple[str, ...] = ()
+    final_steps: int = 0
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    reuse: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ConfigError("seeds", "needs at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", f"must be distinct, got {list(self.seeds)}")
+        if not self.variants:
+            raise ConfigError("variants", "needs at least one variant (name -> sections or overrides)")
+        for name, spec in self.variants.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(name)):
+                raise ConfigError(f"variants.{name}", "a variant name may hold only letters, digits, _ . -")
+            if not isinstance(spec, dict):
+                raise ConfigError(f"variants.{name}", f"expected a mapping of sections, got {spec!r}")
+        if self.final_steps < 0:
+            raise ConfigError("final_steps", f"must be >= 0, got {self.final_steps}")
+
+    def final_window(self, steps: int) -> int:
+        """How many last steps the table averages over."""
+        return min(steps, self.final_steps) if self.final_steps else max(1, steps // 2)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the benchmark."""
+
+    variant: str
+    seed: int
+    config: RunConfig
+    output_dir: Path
+
+
+# --------------------------------------------------------------------------- merging
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`, mapping by mapping; other values replace."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def expand_dotted(spec: dict[str, Any]) -> dict[str, Any]:
+    """`{"algorithm.name": "arpo"}` -> `{"algorithm": {"name": "arpo"}}` (nested keys too)."""
+    out: dict[str, Any] = {}
+    for k, v in spec.items():
+        v = expand_dotted(v) if isinstance(v, dict) else v
+        parts = str(k).split(".")
+        node: dict[str, Any] = {}
+        cur = node
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = v
+        out = deep_merge(out, node)
+    return out
+
+
+def _variant_sections(name: str, spec: Any) -> dict[str, Any]:
+    """A variant as a mapping of sections (a list of dotted overrides is accepted too)."""
+    if spec is None:
+        return {}
+    if isinstance(spec, (list, tuple)):
+        if not all(isinstance(s, str) for s in spec):
+            raise ConfigError(f"variants.{name}", f"a list variant must hold dotted.key=value strings, got {spec!r}")
+        return apply_overrides({}, list(spec))
+    if not isinstance(spec, dict):
+        raise ConfigError(f"variants.{name}", f"expected a mapping of sections or a list of overrides, got {spec!r}")
+    sections = expand_dotted(spec)
+    unknown = [k for k in sections if k not in RUN_SECTIONS]
+    if unknown:
+        raise ConfigError(f"variants.{name}.{unknown[0]}", f"unknown section; a variant sets {', '.join(RUN_SECTIONS)}")
+    return sections
+
+
+# --------------------------------------------------------------------------- loading
+def _read_yaml(path: Path, key: str) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(key, f"file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"{path} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(key, f"{path} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def bench_config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None, root: Path | None = None) -> BenchConfig:
+    """Build a BenchConfig from a mapping and command-line overrides.
+
+    Overrides whose first key is a run section (`trainer.steps=2`) go to every
+    run after its variant; the others set benchmark keys (`seeds=[0]`,
+    `base.trainer.lr=0.01`, `variants.grpo.algorithm.group_size=4`).
+
+    Args:
+        raw: The benchmark mapping (the parsed YAML).
+        overrides: Dotted `key=value` strings.
+        root: Directory that a relative `base` path is resolved against.
+    """
+    raw = dict(raw or {})
+    run_over: list[str] = list(raw.pop("run_overrides", None) or [])
+    bench_over: list[str] = []
+    for text in overrides or []:
+        parts, _ = parse_override(text)
+        (run_over if parts[0] in RUN_SECTIONS else bench_over).append(text)
+    base = raw.get("base")
+    if isinstance(base, str):
+        p = Path(base)
+        raw["base"] = _read_yaml(p if p.is_absolute() else (root or Path.cwd()) / p, "base")
+    elif base is not None and not isinstance(base, dict):
+        raise ConfigError("base", f"expected a mapping of sections or a path to a run config, got {base!r}")
+    raw = apply_overrides(raw, bench_over)
+    variants = raw.get("variants")
+    if isinstance(variants, dict):
+        raw["variants"] = {str(n): _variant_sections(str(n), s) for n, s in variants.items()}
+    elif variants is not None:
+        raise ConfigError("variants", f"expected a mapping name -> sections, got {variants!r}")
+    raw["run_overrides"] = run_over
+    return build_dataclass(BenchConfig, raw, "")
+
+
+def load_bench_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
+    """Load a benchmark YAML; a relative `base` path is resolved against the YAML's folder."""
+    p = Path(path)
+    return bench_config_from_dict(_read_yaml(p, "config"), overrides, root=p.parent)
+
+
+# --------------------------------------------------------------------------- runs
+def _lookup(d: dict[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for p in dotted.split("."):
+        node = node.get(p) if isinstance(node, dict) else None
+    return node
+
+
+def resolve_runs(bench: BenchConfig) -> list[RunSpec]:
+    """Every (variant, seed) run with its validated RunConfig, variants in config order.
+
+    Raises:
+        ConfigError: A variant's config is invalid (the key is prefixed with
+            `variants.<name>`), or two variants differ on a `BUDGET_KEYS` key.
+    """
+    base = apply_overrides(bench.base, list(bench.base_overrides))
+    out_root = Path(bench.output_dir)
+    runs: list[RunSpec] = []
+    budgets: dict[str, dict[str, Any]] = {}
+    for name, sections in bench.variants.items():
+        for seed in bench.seeds:
+            run_dir = out_root / "runs" / name / f"seed{seed}"
+            raw = deep_merge(base, sections)
+            extra = list(bench.run_overrides) + [f"trainer.seed={seed}", f"trainer.output_dir={run_dir}"]
+            try:
+                cfg = config_from_dict(raw, extra)
+            except ConfigError as e:
+                msg = str(e)[len(e.key) + 2 :] if str(e).startswith(f"{e.key}: ") else str(e)
+                raise ConfigError(f"variants.{name}" + (f" -> {e.key}" if e.key else ""), msg) from e
+            runs.append(RunSpec(name, seed, cfg, run_dir))
+        d = runs[-1].config.to_dict()
+        budgets[name] = {k: _lookup(d, k) for k in BUDGET_KEYS}
+    first = next(iter(budgets))
+    for name, b in budgets.items():
+        for k in BUDGET_KEYS:
+            if b[k] != budgets[first][k]:
+                raise ConfigError(
+                    f"variants.{name}",
+                    f"changes the shared budget: {k} is {b[k]!r} here but {budgets[first][k]!r} in {first!r}; "
+                    "every variant must use the same tasks, seeds and budget (set it in base)",
+                )
+    return runs

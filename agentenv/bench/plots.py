@@ -1,0 +1,116 @@
+"""PNG plots of a benchmark with matplotlib's Agg canvas (no pyplot, no display, no global backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from agentenv.bench.stats import curve, mean_curve
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentenv.bench.runner import Probe, RunResult
+
+
+def _figure(width: float = 6.4, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _by_variant(runs: Sequence["RunResult"]) -> dict[str, list["RunResult"]]:
+    out: dict[str, list[RunResult]] = {}
+    for r in runs:
+        out.setdefault(r.variant, []).append(r)
+    return out
+
+
+def plot_metric_curves(runs: Sequence["RunResult"], key: str, ylabel: str, title: str, path: Path) -> Path:
+    """Mean over seeds of `key` per training step, one line per variant, min–max band."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    groups = _by_variant(runs)
+    for color, (name, rs) in zip(_colors(len(groups)), groups.items()):
+        steps, mean, lo, hi = mean_curve([curve(r.records, key) for r in rs])
+        if not steps:
+            continue
+        ax.plot(steps, mean, marker="o", ms=3, color=color, label=f"{name} ({len(rs)} seeds)")
+        if len(rs) > 1:
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def plot_entropy_after_tool(
+    runs: Sequence["RunResult"], base: "Probe | None", positions: int, path: Path
+) -> Path:
+    """The ARPO pilot figure from our rollouts: entropy by token position after a tool result.
+
+    Solid: policy tokens right after a tool result; dashed: the first tokens of
+    the first turn (after the prompt), as a reference. One color per variant
+    (seeds pooled), gray for the untrained model.
+    """
+    from agentenv.bench.report import pool_probes
+
+    fig = _figure(7.0, 4.2)
+    ax = fig.add_subplot(1, 1, 1)
+    groups = _by_variant(runs)
+    lines = [(n, c, [r.probe for r in rs]) for (n, rs), c in zip(groups.items(), _colors(len(groups)))]
+    if base is not None:
+        lines.append(("untrained", "0.45", [base]))
+    x = list(range(positions))
+    drawn = 0
+    for name, color, probes in lines:
+        tool = pool_probes(probes, "after_tool")
+        first = pool_probes(probes, "after_prompt")
+        if tool is not None and tool.segments:
+            ax.plot(x, tool.mean, color=color, lw=1.6, label=f"{name}: after tool result ({tool.segments} segs)")
+            drawn += 1
+        if first is not None and first.segments:
+            ax.plot(x, first.mean, color=color, lw=1.0, ls="--", alpha=0.8, label=f"{name}: first turn")
+            drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no policy tokens were measured", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("token position after the tool result (solid) / the prompt (dashed)")
+    ax.set_ylabel("entropy (nats)")
+    ax.set_title("Token entropy after a tool call (probe rollouts of each final policy)")
+    ax.set_xlim(0, positions - 1)
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def write_plots(runs: Sequence["RunResult"], base: "Probe | None", out: Path, positions: int) -> dict[str, Path]:
+    """reward_curves.png, tool_calls.png and entropy_after_tool.png in `out`."""
+    out = Path(out)
+    return {
+        "reward_curves": plot_metric_curves(
+            runs, "rollout/reward", "mean rollout reward", "Reward per step (mean over seeds)", out / "reward_curves.png"
+        ),
+        "tool_calls": plot_metric_curves(
+            runs,
+            "rollout/tool_calls_per_traj",
+            "tool calls per trajectory",
+            "Tool calls per step (mean over seeds)",
+            out / "tool_calls.png",
+        ),
+        "entropy_after_tool": plot_entropy_after_tool(runs, base, positions, out / "entropy_after_tool.png"),
+    }
