@@ -71,3 +71,4 @@ def register_tool_env(
 def register_builtin_envs() -> None:
     """Register every env agentenv ships. Imports nothing beyond gymnasium."""
     register_env("Agent", "agentenv.envs.factories:make_agent_env")
+    register_tool_env("Browser", "agentenv.tools.browser:make_browser_tool")

@@ -30,17 +30,21 @@ def normalize_url(url: str) -> str:
     Raises:
         PageError: Another scheme, no host, or not a url at all.
     """
-    url = url.strip()
-    if "://" not in url and not url.lower().startswith(("mailto:", "javascript:", "data:", "file:")):
+    given = url = url.strip()
+    implicit = "://" not in url and not url.lower().startswith(("mailto:", "javascript:", "data:", "file:"))
+    if implicit:
         url = "https://" + url
     try:
         u = URL(url)
     except (ValueError, TypeError) as e:
-        raise PageError("bad_url", f"not a valid url: {url!r} ({e})") from None
+        raise PageError("bad_url", f"not a valid url: {given!r} ({e})") from None
     if u.scheme not in ("http", "https"):
-        raise PageError("bad_url", f"cannot browse {url!r}: only http and https urls can be fetched")
+        raise PageError("bad_url", f"cannot browse {given!r}: only http and https urls can be fetched")
     if not u.raw_host or any(c.isspace() for c in url):
-        raise PageError("bad_url", f"not a valid url: {url!r}")
+        raise PageError("bad_url", f"not a valid url: {given!r}")
+    if implicit and "." not in u.raw_host and ":" not in u.raw_host:
+        # A bare word ("Eiffel") is a search term, not a site: no DNS lookup for it.
+        raise PageError("bad_url", f"{given!r} is not a url; give a full address such as https://example.com/page")
     return str(u)
 
 

@@ -49,11 +49,19 @@ async def test_malformed_query_is_a_readable_result(query, msg):
         assert "<browse>URL | goal</browse>" in r.error  # the error teaches the format
 
 
-async def test_bad_urls_are_readable_results():
+@pytest.mark.parametrize(
+    "query,msg",
+    [
+        ("Eiffel Tower height", "'Eiffel' is not a url"),  # refused before any DNS lookup
+        ("http://exa mple.com/ | g", "not a valid url"),
+        ("mailto:someone@example.com", "only http and https"),
+        ("http:///path", "not a valid url"),
+    ],
+)
+async def test_bad_urls_are_readable_results(query, msg):
     tool = BrowserTool()
-    for q in ("not a url at all", "http://exa mple.com/ | g", "mailto:someone@example.com"):
-        r = await tool(q)
-        assert not r.ok and r.error, q
+    r = await tool(query)
+    assert not r.ok and msg in r.error and r.metadata["reason"] == "bad_url"
 
 
 def test_tool_protocol_and_name():
