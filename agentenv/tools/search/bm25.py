@@ -9,21 +9,16 @@ processes never read a half-written index.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from agentenv.tools.search.corpus import Corpus, load_corpus
 from agentenv.tools.search.format import Passage
+from agentenv.tools.search.store import locked, publish, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +52,8 @@ class BM25Retriever:
         """Seconds spent building the index (0.0 when loaded from disk)."""
         self.loaded = loaded
         """True when the index came from disk rather than a fresh build."""
+        self.params = {"bm25_k1": bm25.k1, "bm25_b": bm25.b}
+        """Scoring parameters (part of a cache key)."""
 
     @classmethod
     def from_corpus(
@@ -82,7 +79,7 @@ class BM25Retriever:
         corpus = load_corpus(corpus_path)
         index_dir = Path(index_dir) if index_dir is not None else corpus.path.with_name(corpus.path.name + ".bm25")
         params = {"format": _INDEX_FORMAT, "sha256": corpus.sha256, "num_docs": len(corpus), "k1": k1, "b": b}
-        with _locked(index_dir, enabled=save):
+        with locked(index_dir, enabled=save):
             bm25 = _try_load(index_dir, params)
             if bm25 is not None:
                 return cls(corpus, bm25, loaded=True)
@@ -90,7 +87,7 @@ class BM25Retriever:
             bm25 = _build(corpus, k1, b)
             build_s = time.perf_counter() - t0
             if save:
-                _save(bm25, index_dir, params)
+                publish(index_dir, lambda d: bm25.save(str(d), show_progress=False), params)
         return cls(corpus, bm25, build_s=build_s)
 
     def __len__(self) -> int:
@@ -126,10 +123,8 @@ def _build(corpus: Corpus, k1: float, b: float):
 
 
 def _try_load(index_dir: Path, params: dict):
-    manifest = index_dir / "manifest.json"
-    try:
-        saved = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+    saved = read_manifest(index_dir)
+    if saved is None:
         return None
     if saved != params:
         log.info("BM25 index %s is stale (corpus or parameters changed); rebuilding", index_dir)
@@ -141,42 +136,3 @@ def _try_load(index_dir: Path, params: dict):
     except Exception as e:  # a damaged index is rebuilt, not fatal
         log.warning("BM25 index %s unreadable (%s); rebuilding", index_dir, e)
         return None
-
-
-def _save(bm25, index_dir: Path, params: dict) -> None:
-    tmp: Path | None = None
-    try:
-        index_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=index_dir.name + ".tmp-", dir=index_dir.parent))
-        bm25.save(str(tmp), show_progress=False)
-        # The manifest is written last: a folder without it is never trusted.
-        (tmp / "manifest.json").write_text(json.dumps(params))
-        if index_dir.exists():
-            old = index_dir.with_name(f"{index_dir.name}.old-{os.getpid()}")
-            os.replace(index_dir, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, index_dir)
-    except OSError as e:
-        log.warning("could not save BM25 index to %s (%s); it stays in memory only", index_dir, e)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextmanager
-def _locked(index_dir: Path, enabled: bool):
-    """Exclusive lock on `<index_dir>.lock`: one process builds, the others wait and load."""
-    if not enabled:
-        yield
-        return
-    lock_path = index_dir.with_name(index_dir.name + ".lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield  # read-only folder: nothing to build into anyway
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)

@@ -53,7 +53,12 @@ class LocalSearchTool:
     def cache_params(self) -> dict:
         """What, besides the query, decides this tool's answer (part of the cache key)."""
         corpus = getattr(self.retriever, "corpus", None)
-        return {"k": self.k, "max_chars": self.max_chars, "corpus": getattr(corpus, "sha256", None)}
+        return {
+            "k": self.k,
+            "max_chars": self.max_chars,
+            "corpus": getattr(corpus, "sha256", None),
+            **getattr(self.retriever, "params", {}),
+        }
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()

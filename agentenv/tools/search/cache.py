@@ -1,0 +1,184 @@
+"""A persistent query -> result cache shared by every search provider and process.
+
+SQLite in WAL mode: readers never block writers, writers from several processes
+queue on SQLite's lock (busy timeout), and every write is one transaction, so a
+process killed mid-write leaves the last committed state readable (the WAL's
+torn tail is ignored on the next open). Keys hash provider, query and the
+parameters that shape the answer (k, cut, market, corpus hash, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentenv.errors import ToolError
+from agentenv.types import ToolResult
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    key      TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    query    TEXT NOT NULL,
+    params   TEXT NOT NULL,
+    text     TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    created  REAL NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One stored answer."""
+
+    text: str
+    metadata: dict[str, Any]
+    created: float
+
+
+def cache_key(provider: str, query: str, params: dict[str, Any]) -> str:
+    """Stable key of (provider, query, params); params order does not matter."""
+    blob = json.dumps([provider, query, params], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class SearchCache:
+    """SQLite-backed store, one connection per thread and process.
+
+    Args:
+        path: Database file (created with its folder).
+        ttl_s: Entries older than this many seconds are misses (None: never expire).
+        busy_timeout_s: How long a writer waits for another process's write lock.
+    """
+
+    def __init__(self, path: str | Path, ttl_s: float | None = None, busy_timeout_s: float = 30.0):
+        self.path = Path(path).expanduser()
+        self.ttl_s = ttl_s
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn()
+        except (OSError, sqlite3.Error) as e:
+            raise ToolError(f"cannot open search cache {str(self.path)!r}: {e}. Point `cache` at a writable file.") from e
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        # A forked child must not reuse its parent's connection.
+        if conn is None or self._local.pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # NORMAL in WAL mode: a killed process loses nothing committed; only
+            # a power cut may drop the last transactions, never corrupt the file.
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(_SCHEMA)
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def get(self, provider: str, query: str, params: dict[str, Any]) -> CacheEntry | None:
+        """The stored answer, or None (counts a hit or a miss)."""
+        row = self._conn().execute(
+            "SELECT text, metadata, created FROM results WHERE key = ?", (cache_key(provider, query, params),)
+        ).fetchone()
+        if row is not None and self.ttl_s is not None and time.time() - row[2] > self.ttl_s:
+            row = None
+        with self._lock:
+            if row is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return None if row is None else CacheEntry(text=row[0], metadata=json.loads(row[1]), created=row[2])
+
+    def put(self, provider: str, query: str, params: dict[str, Any], text: str, metadata: dict[str, Any]) -> None:
+        """Store (or replace) an answer in one transaction."""
+        self._conn().execute(
+            "INSERT OR REPLACE INTO results (key, provider, query, params, text, metadata, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                cache_key(provider, query, params),
+                provider,
+                query,
+                json.dumps(params, sort_keys=True, default=str),
+                text,
+                json.dumps(metadata, default=str),
+                time.time(),
+            ),
+        )
+
+    def __len__(self) -> int:
+        return self._conn().execute("SELECT COUNT(*) FROM results").fetchone()[0]
+
+    def stats(self) -> dict[str, float]:
+        """Hit and miss counts of this process, and the hit rate."""
+        total = self.hits + self.misses
+        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hits / total if total else 0.0}
+
+    def close(self) -> None:
+        """Close this thread's connection (others close when their threads end)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+class CachedSearchTool:
+    """Wraps a search tool: answers repeated queries from the cache.
+
+    Only successful answers are stored (errors are retried next time). The inner
+    tool's `provider` and `cache_params` make the key, so two providers, or the
+    same provider with another k or cut, never share entries.
+
+    Args:
+        tool: A search tool with `provider` and `cache_params` attributes.
+        cache: The shared store.
+    """
+
+    def __init__(self, tool, cache: SearchCache):
+        self.tool = tool
+        self.cache = cache
+        self.name = tool.name
+        self.provider = tool.provider
+        self._params = dict(tool.cache_params)
+
+    @property
+    def cache_params(self) -> dict[str, Any]:
+        return self._params
+
+    async def __call__(self, query: str) -> ToolResult:
+        t0 = time.perf_counter()
+        q = query.strip()
+        if not q:
+            return await self.tool(query)  # the inner tool words the error
+        entry = await asyncio.to_thread(self.cache.get, self.provider, q, self._params)
+        if entry is not None:
+            return ToolResult(
+                text=entry.text, latency_s=time.perf_counter() - t0, metadata={**entry.metadata, "cache": "hit"}
+            )
+        res = await self.tool(q)
+        if res.ok:
+            await asyncio.to_thread(self.cache.put, self.provider, q, self._params, res.text, res.metadata)
+        res.metadata["cache"] = "miss"
+        return res
+
+    def metrics(self) -> dict[str, float]:
+        """`search/cache_hits`, `search/cache_misses`, `search/cache_hit_rate` for the logger."""
+        return {f"search/cache_{k}": v for k, v in self.cache.stats().items()}
+
+    def fork(self) -> "CachedSearchTool":
+        return CachedSearchTool(self.tool.fork(), self.cache)
+
+    async def aclose(self) -> None:
+        await self.tool.aclose()
