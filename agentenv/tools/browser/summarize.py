@@ -64,11 +64,32 @@ class PolicySummarizer:
         self.input_tokens = input_tokens
 
     def prompt_ids(self, goal: str, title: str, url: str, passage: str) -> list[int]:
-        """The prompt as token ids, the passage cut to `input_tokens`."""
+        """The prompt as token ids, the passage cut to `input_tokens`.
+
+        When the tokenizer knows the model's context (`model_max_length`), the
+        passage is also cut so that prompt plus summary fit in it.
+
+        Raises:
+            ToolError: Even an empty passage leaves no room for the summary.
+        """
         tok = self.tokenizer
+        budget = self.input_tokens
+        limit = getattr(tok, "model_max_length", None)
+        if isinstance(limit, int) and limit < 10**7:  # HF's "unknown" is ~1e30
+            room = limit - len(self._render(goal, title, url, "")) - self.params.max_tokens - 4
+            if room < 16:
+                raise ToolError(
+                    f"the summarizer's context ({limit} tokens) leaves no room for a page: lower "
+                    f"browse.summary_max_tokens ({self.params.max_tokens})"
+                )
+            budget = min(budget, room)
         ids = tok.encode(passage, add_special_tokens=False)
-        if len(ids) > self.input_tokens:
-            passage = tok.decode(ids[: self.input_tokens], skip_special_tokens=True) + " ..."
+        if len(ids) > budget:
+            passage = tok.decode(ids[:budget], skip_special_tokens=True) + " ..."
+        return self._render(goal, title, url, passage)
+
+    def _render(self, goal: str, title: str, url: str, passage: str) -> list[int]:
+        tok = self.tokenizer
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": summary_request(goal, title, url, passage)},

@@ -82,3 +82,74 @@ async def test_endpoint_failure_is_a_tool_error(site, cfg, chat_server):
 def test_summarizer_type_is_checked(cfg):
     with pytest.raises(TypeError, match="Summarizer or a Policy"):
         BrowserTool(cfg, summarizer="gpt")
+
+
+# --------------------------------------------------------------------------- PolicySummarizer
+# A real Policy (ScriptedPolicy) over the offline test tokenizer (ChatML): its "model" reads the
+# prompt it is given and answers with the sentences that mention "code", so the test sees
+# exactly what reached the model.
+
+
+def _reader(tok, seen: list[str]):
+    def turn(prompt_ids: list[int]) -> str:
+        prompt = tok.decode(prompt_ids)
+        seen.append(prompt)
+        page = prompt.split("Page content:\n", 1)[1].split("\n\nWrite down", 1)[0]
+        hits = [s.strip() for s in page.replace("\n", " ").split(". ") if "code" in s]
+        return "<think>scan the page</think> " + ". ".join(hits)
+
+    return turn
+
+
+async def test_policy_summarizer_through_the_tool(site, cfg):
+    from agentenv.envs.testing import build_test_tokenizer
+    from agentenv.policies.scripted import ScriptedPolicy
+
+    tok = build_test_tokenizer()
+    seen: list[str] = []
+    policy = ScriptedPolicy(tok, _reader(tok, seen))
+    tool = BrowserTool(cfg, summarizer=policy)  # a Policy is wrapped with the config's budgets
+    r = await tool(f"{site.url('/deep')} | Zephyr launch code")
+    await tool.aclose()
+    assert r.ok and r.metadata["summarized"] is True
+    summary = r.text.split("\n\n", 1)[1]
+    assert "7731-ALPHA" in summary and "<think>" not in summary
+    prompt = seen[0]
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert "Goal: Zephyr launch code" in prompt and site.needle in prompt
+
+
+async def test_policy_summarizer_budgets():
+    import copy
+
+    from agentenv.envs.testing import build_test_tokenizer
+    from agentenv.policies.scripted import ScriptedPolicy
+    from agentenv.tools.browser import PolicySummarizer
+
+    tok = build_test_tokenizer()
+    passage = "The launch code is 7731. " + "Filler words about rivers and harbors. " * 400
+    summ = PolicySummarizer(ScriptedPolicy(tok, lambda ids: "x"), max_tokens=32, input_tokens=100)
+    full = len(summ.prompt_ids("goal", "t", "http://x/", passage))
+    frame = len(summ.prompt_ids("goal", "t", "http://x/", ""))
+    assert 100 <= full - frame <= 110  # the passage was cut to input_tokens (plus " ...")
+    # A tokenizer that knows the model's context cuts further so that prompt + summary fit.
+    small = copy.deepcopy(tok)
+    small.model_max_length = frame + 32 + 60
+    summ = PolicySummarizer(ScriptedPolicy(small, lambda ids: "x"), max_tokens=32, input_tokens=1000)
+    assert len(summ.prompt_ids("goal", "t", "http://x/", passage)) + 32 <= small.model_max_length
+    small.model_max_length = frame + 32
+    with pytest.raises(ToolError, match="no room"):
+        summ.prompt_ids("goal", "t", "http://x/", passage)
+
+
+async def test_policy_failure_is_a_tool_error(site, cfg):
+    from agentenv.envs.testing import build_test_tokenizer
+    from agentenv.policies.scripted import ScriptedPolicy
+
+    def crash(ids):
+        raise RuntimeError("CUDA out of memory")
+
+    tool = BrowserTool(cfg, summarizer=ScriptedPolicy(build_test_tokenizer(), crash))
+    with pytest.raises(ToolError, match="summarizer model failed .*CUDA out of memory"):
+        await tool(site.url("/article"))
+    await tool.aclose()
