@@ -200,7 +200,9 @@ def _read_yaml(path: Path, key: str) -> dict[str, Any]:
     return raw
 
 
-def bench_config_from_dict(raw: dict[str, Any], overrides: list[str] | None = None, root: Path | None = None) -> BenchConfig:
+def bench_config_from_dict(
+    raw: dict[str, Any], overrides: list[str] | None = None, root: Path | None = None
+) -> BenchConfig:
     """Build a BenchConfig from a mapping and command-line overrides.
 
     Overrides whose first key is a run section (`trainer.steps=2`) go to every

@@ -103,7 +103,11 @@ def write_plots(runs: Sequence["RunResult"], base: "Probe | None", out: Path, po
     out = Path(out)
     return {
         "reward_curves": plot_metric_curves(
-            runs, "rollout/reward", "mean rollout reward", "Reward per step (mean over seeds)", out / "reward_curves.png"
+            runs,
+            "rollout/reward",
+            "mean rollout reward",
+            "Reward per step (mean over seeds)",
+            out / "reward_curves.png",
         ),
         "tool_calls": plot_metric_curves(
             runs,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from agentenv.bench.stats import PositionEntropy, Spread, final_mean, spread
+from agentenv.bench.stats import PositionEntropy, Spread, curve, final_mean, spread
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.config import BenchConfig
@@ -40,7 +40,10 @@ class VariantRow:
         heldout_tool_calls: Tool calls per held-out task over seeds.
         rollout: Column stem -> spread over seeds of each seed's mean over the
             last `final_steps` training steps (see `ROLLOUT_METRICS`).
-        wall_s: Wall time per run (trainer build, training, final eval).
+        wall_s: Wall time per run (trainer build, training, final eval; the
+            first run also pays for imports and index builds).
+        train_s: Training time per run: the sum of the steps' `time/step_s`
+            (rollout and update; the fair cost comparison).
         entropy_after_tool: Pooled probe entropy over the first
             `EARLY_POSITIONS` tokens after a tool result (nan without tool calls).
         entropy_first_turn: The same over the first tokens of the first turn.
@@ -53,6 +56,7 @@ class VariantRow:
     heldout_tool_calls: Spread
     rollout: dict[str, Spread]
     wall_s: Spread
+    train_s: Spread
     entropy_after_tool: float
     entropy_first_turn: float
 
@@ -97,6 +101,7 @@ def variant_rows(runs: Sequence["RunResult"], last: int) -> list[VariantRow]:
                 heldout_tool_calls=spread(r.eval.get("tool_calls", math.nan) for r in rs),
                 rollout={stem: spread(final_mean(r.records, key, last) for r in rs) for stem, key in ROLLOUT_METRICS},
                 wall_s=spread(r.wall_s for r in rs),
+                train_s=spread(sum(curve(r.records, "time/step_s").values()) for r in rs),
                 entropy_after_tool=early_mean(pool_probes([r.probe for r in rs], "after_tool")),
                 entropy_first_turn=early_mean(pool_probes([r.probe for r in rs], "after_prompt")),
             )
@@ -111,7 +116,8 @@ def csv_header() -> list[str]:
     cols += ["heldout_tool_calls_mean", "heldout_tool_calls_std"]
     for stem, _ in ROLLOUT_METRICS:
         cols += [f"{stem}_mean", f"{stem}_std"]
-    cols += ["wall_s_mean", "wall_s_std", "entropy_after_tool_0_9", "entropy_first_turn_0_9"]
+    cols += ["train_s_mean", "train_s_std", "wall_s_mean", "wall_s_std"]
+    cols += ["entropy_after_tool_0_9", "entropy_first_turn_0_9"]
     return cols
 
 
@@ -121,7 +127,8 @@ def csv_row(row: VariantRow) -> list[Any]:
     vals += [a.mean, a.std, a.min, a.max, row.heldout_tool_calls.mean, row.heldout_tool_calls.std]
     for stem, _ in ROLLOUT_METRICS:
         vals += [row.rollout[stem].mean, row.rollout[stem].std]
-    vals += [row.wall_s.mean, row.wall_s.std, row.entropy_after_tool, row.entropy_first_turn]
+    vals += [row.train_s.mean, row.train_s.std, row.wall_s.mean, row.wall_s.std]
+    vals += [row.entropy_after_tool, row.entropy_first_turn]
     return vals
 
 
@@ -152,7 +159,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
         "tool calls/traj",
         "gen tokens/group",
         "H after tool (0-9)",
-        "wall s/run",
+        "train s/run",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
     for r in rows:
@@ -168,7 +175,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(r.rollout["tool_calls_per_traj"], "{:.2f}"),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
-            _pm(r.wall_s, "{:.0f}"),
+            _pm(r.train_s, "{:.0f}"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -186,7 +193,8 @@ def markdown_report(
         f"Held-out accuracy: the trainer's final evaluation; mean ± sample std over seeds. "
         f"Rollout columns: mean over the last {last} training steps. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
-        f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy.",
+        f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy. "
+        "train s: summed step times (rollout + update) per run.",
         "",
         markdown_table(rows, last),
         "",
@@ -208,7 +216,9 @@ def _trainer_summary(runs: Sequence["RunResult"]) -> str:
     )
 
 
-def write_report(bench: "BenchConfig", runs: Sequence["RunResult"], base: "Probe | None") -> tuple[str, dict[str, Path]]:
+def write_report(
+    bench: "BenchConfig", runs: Sequence["RunResult"], base: "Probe | None"
+) -> tuple[str, dict[str, Path]]:
     """Write results.csv, results.md and the plots into `bench.output_dir`."""
     from agentenv.bench.plots import write_plots
 

@@ -248,6 +248,11 @@ def execute(bench: BenchConfig) -> BenchResult:
     out = Path(bench.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_config.json").write_text(json.dumps(dataclasses.asdict(bench), indent=1, default=str))
+    base = None
+    if bench.probe.tasks > 0 and bench.probe.base_model:
+        # first, so the imports and index builds it pays for do not land in a variant's wall time
+        _log("probing the untrained model")
+        base = base_probe(specs[0], bench)
     runs: list[RunResult] = []
     for i, spec in enumerate(specs, 1):
         tag = f"({i}/{len(specs)}) {spec.variant} seed {spec.seed}"
@@ -259,10 +264,6 @@ def execute(bench: BenchConfig) -> BenchResult:
             done = train_run(spec, bench)
         _log(f"{tag}: held-out accuracy {done.eval.get('accuracy', float('nan')):.3f}, wall {done.wall_s:.0f} s")
         runs.append(done)
-    base = None
-    if bench.probe.tasks > 0 and bench.probe.base_model:
-        _log("probing the untrained model")
-        base = base_probe(specs[0], bench)
     markdown, files = write_report(bench, runs, base)
     return BenchResult(bench, runs, base, markdown, files)
 
