@@ -1,0 +1,23 @@
+"""The embedded default model: a small Qwen2 built offline and given a cold-start SFT.
+
+`ensure_tiny_model()` builds it once (tokenizer trained with `tokenizers` on the
+toy tasks' text, SFT on synthetic traces of correct tool use made through the
+real env and tools) and caches it under `$AGENTENV_CACHE/tiny/<key>/`
+(default `~/.cache/agentenv`). The folder loads with
+`AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and is
+servable by vLLM. `python -m agentenv.policies.tiny` runs the build.
+"""
+
+from __future__ import annotations
+
+from agentenv.policies.tiny.build import build_tiny_model, ensure_tiny_model, load_tiny_tokenizer, tiny_dir
+from agentenv.policies.tiny.config import TinyBuildConfig, cache_root
+
+__all__ = [
+    "TinyBuildConfig",
+    "build_tiny_model",
+    "cache_root",
+    "ensure_tiny_model",
+    "load_tiny_tokenizer",
+    "tiny_dir",
+]

