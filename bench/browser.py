@@ -117,7 +117,7 @@ async def bench(base: str, num_pages: int, concurrency: int) -> list[tuple[str, 
         rows.append((name, await run_variant(tool, base, goals, concurrency)))
         await tool.aclose()
     with tempfile.TemporaryDirectory() as d:
-        c = dataclasses.replace(cfg, cache=True, cache_path=str(Path(d) / "pages.sqlite"))
+        c = dataclasses.replace(cfg, cache=str(Path(d) / "pages.sqlite"))
         tool = BrowserTool(c)
         await run_variant(tool, base, goals, concurrency)  # fill the cache
         rows.append(("cached", await run_variant(tool, base, goals, concurrency)))

@@ -44,9 +44,9 @@ class BrowserConfig:
         summary_input_tokens: Most tokens of the selected passage put into the
             summarizer's prompt (the passage is cut to fit).
         summary_temperature: Summarizer sampling temperature (0 = greedy).
-        cache: Cache extracted pages (keyed by url) in the shared tool cache.
-        cache_path: SQLite file of the cache; None = the default under
-            `$AGENTENV_CACHE`.
+        cache: SQLite file that keeps extracted pages (keyed by url), shared by
+            every process, the same store as search's (`search.cache`; the two
+            may point at one file); None turns the cache off.
         cache_ttl_s: Cached pages older than this are fetched again; None = never expire.
     """
 
@@ -64,8 +64,7 @@ class BrowserConfig:
     summary_max_tokens: int = 512
     summary_input_tokens: int = 3072
     summary_temperature: float = 0.0
-    cache: bool = False
-    cache_path: str | None = None
+    cache: str | None = None
     cache_ttl_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -88,6 +87,8 @@ class BrowserConfig:
         _check_int("summary_input_tokens", self.summary_input_tokens, 16)
         if not math.isfinite(self.summary_temperature) or self.summary_temperature < 0:
             raise ConfigError("browse.summary_temperature", f"must be >= 0, got {self.summary_temperature!r}")
+        if self.cache is not None and (not isinstance(self.cache, str) or not self.cache.strip()):
+            raise ConfigError("browse.cache", f"must be the path of a SQLite file or null, got {self.cache!r}")
         if self.cache_ttl_s is not None and not self.cache_ttl_s > 0:
             raise ConfigError("browse.cache_ttl_s", f"must be > 0 or None, got {self.cache_ttl_s!r}")
         if isinstance(self.allow_hosts, str):

@@ -66,8 +66,9 @@ class FollowSearchTool:
         chars = None if self.browser.summarizer is not None else self.passage_chars
         outcomes = await asyncio.gather(*(self._open(u, goal, chars) for u in urls))
         pages = split_pages(res.text)
-        blocks, opened = [], 0
-        for i, (url, (body, ok)) in enumerate(zip(urls, outcomes)):
+        blocks, opened, summarized = [], 0, 0
+        for i, (url, (body, ok, summ)) in enumerate(zip(urls, outcomes)):
+            summarized += summ
             title, snippet = pages[i] if i < len(pages) else ("", "")
             snippet = snippet.removeprefix(url).lstrip("\n")  # `show_url` put it there already
             if ok:
@@ -78,15 +79,16 @@ class FollowSearchTool:
         for i in range(len(urls), len(pages)):
             title, snippet = pages[i]
             blocks.append(f"Page {i + 1}: {title}\n{snippet}")
-        meta = {**res.metadata, "followed": len(urls), "opened": opened}
+        meta = {**res.metadata, "followed": len(urls), "opened": opened, "summarized": summarized}
         return ToolResult(text="\n\n".join(blocks), latency_s=time.perf_counter() - t0, metadata=meta)
 
-    async def _open(self, url: str, goal: str, chars: int | None) -> tuple[str, bool]:
+    async def _open(self, url: str, goal: str, chars: int | None) -> tuple[str, bool, bool]:
+        """(summary or passage, opened, summarized), or (reason, False, False)."""
         try:
             d = await self.browser.digest(url, goal, passage_chars=chars)
         except PageError as e:
-            return str(e), False
-        return d.body, True
+            return str(e), False, False
+        return d.body, True, d.metadata["summarized"]
 
     def fork(self) -> "FollowSearchTool":
         return FollowSearchTool(self.search.fork(), self.browser.fork(), self.top_k, self.passage_chars)

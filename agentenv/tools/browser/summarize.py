@@ -66,15 +66,16 @@ class PolicySummarizer:
     def prompt_ids(self, goal: str, title: str, url: str, passage: str) -> list[int]:
         """The prompt as token ids, the passage cut to `input_tokens`.
 
-        When the tokenizer knows the model's context (`model_max_length`), the
-        passage is also cut so that prompt plus summary fit in it.
+        When the model's context is known (the policy's `max_model_len`, else
+        the tokenizer's `model_max_length`), the passage is also cut so that
+        prompt plus summary fit in it.
 
         Raises:
             ToolError: Even an empty passage leaves no room for the summary.
         """
         tok = self.tokenizer
         budget = self.input_tokens
-        limit = getattr(tok, "model_max_length", None)
+        limit = getattr(self.policy, "max_model_len", None) or getattr(tok, "model_max_length", None)
         if isinstance(limit, int) and limit < 10**7:  # HF's "unknown" is ~1e30
             room = limit - len(self._render(goal, title, url, "")) - self.params.max_tokens - 4
             if room < 16:

@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from agentenv.errors import ToolError
@@ -72,7 +70,7 @@ def parse_query(query: str) -> tuple[str, str]:
             obj = json.loads(q)
         except ValueError as e:
             raise PageError("bad_query", f"Browse query is not valid JSON ({e.msg}). {QUERY_FORMAT}") from None
-        url, goal = obj.get("url") if isinstance(obj, dict) else None, obj.get("goal", "") if isinstance(obj, dict) else ""
+        url, goal = obj.get("url"), obj.get("goal", "")  # text starting with "{" parses to a dict
         if not isinstance(url, str) or not url.strip():
             raise PageError("bad_query", f'Browse JSON needs a "url" string. {QUERY_FORMAT}')
         if not isinstance(goal, str):
@@ -87,11 +85,6 @@ def parse_query(query: str) -> tuple[str, str]:
     return url, " ".join(goal.split())
 
 
-def default_cache_path() -> Path:
-    """`$AGENTENV_CACHE/browse.sqlite` (default `~/.cache/agentenv/browse.sqlite`)."""
-    return Path(os.environ.get("AGENTENV_CACHE", Path.home() / ".cache" / "agentenv")) / "browse.sqlite"
-
-
 class BrowserTool:
     """The `browse` tool.
 
@@ -104,8 +97,8 @@ class BrowserTool:
         summarizer: A `Summarizer`, or any `Policy` (wrapped in a
             `PolicySummarizer` with the config's summary budgets). None returns
             the selected passage as is.
-        cache: A `SearchCache` to keep extracted pages in; default: the one at
-            `config.cache_path` when `config.cache` is on, else none.
+        cache: A `SearchCache` to keep extracted pages in; default: one at
+            `config.cache` when set, else none.
     """
 
     name = "browse"
@@ -116,7 +109,7 @@ class BrowserTool:
         if cache is None and self.config.cache:
             from agentenv.tools.search.cache import SearchCache
 
-            cache = SearchCache(self.config.cache_path or default_cache_path(), ttl_s=self.config.cache_ttl_s)
+            cache = SearchCache(self.config.cache, ttl_s=self.config.cache_ttl_s)
         self.cache = cache
         self.fetcher = Fetcher(self.config)
         self._cache_params = {

@@ -56,3 +56,39 @@ async def test_failed_search_passes_through(cfg):
 def test_top_k_must_be_positive(cfg):
     with pytest.raises(ValueError, match="top_k"):
         FollowSearchTool(SearxngSearchTool(endpoint="http://127.0.0.1:9"), BrowserTool(cfg), top_k=0)
+
+
+@pytest.fixture
+def tiny_path(request):
+    """The tiny model's folder (a sync fixture: building it runs its own event loop)."""
+    tiny = pytest.importorskip("agentenv.policies.tiny", reason="the tiny model is not built into agentenv yet")
+    if not hasattr(tiny, "ensure_tiny_model"):
+        pytest.skip("agentenv.policies.tiny has no ensure_tiny_model yet")
+    return request.getfixturevalue("tiny_model_path")
+
+
+async def test_search_then_browse_with_the_tiny_model_as_summarizer(tiny_path, site, cfg):
+    """End to end: SearXNG-style search -> open the top pages -> the tiny model summarizes each."""
+    import dataclasses
+
+    from agentenv.policies.hf import HFPolicy
+
+    policy = HFPolicy.from_pretrained(str(tiny_path), device="cpu")
+    cfg = dataclasses.replace(cfg, summary_max_tokens=48, summary_input_tokens=400)
+    browser = BrowserTool(cfg, summarizer=policy)
+    tool = FollowSearchTool(SearxngSearchTool(endpoint=site.base, k=4), browser, top_k=3)
+    r = await tool("Zephyr observatory launch code")
+    await tool.aclose()
+    assert r.ok, r.error
+    assert r.metadata["followed"] == 3 and r.metadata["opened"] == 2
+    pages = split_pages(r.text)
+    assert [t for t, _ in pages] == ["Zephyr observatory archive", "Gone page", "Eiffel Tower", "Notes"]
+    tok = policy.tokenizer
+    for i in (0, 2):  # opened: url line, then the model's summary in place of the snippet
+        url, _, body = pages[i][1].partition("\n")
+        assert url.startswith(site.base)
+        if r.metadata["summarized"] == 2:
+            assert len(tok.encode(body, add_special_tokens=False)) <= 48 + 2  # bounded by summary_max_tokens
+    assert "HTTP 404" in pages[1][1] and pages[3][1] == "Plain notes snippet."
+    # The model really ran: every opened page got a (non-empty) summary or fell back to its passage.
+    assert policy.stats.finished >= 2

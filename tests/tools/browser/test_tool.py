@@ -80,6 +80,7 @@ def test_tool_protocol_and_name():
         ({"allow_hosts": "127.0.0.1"}, "browse.allow_hosts"),
         ({"allow_hosts": ("10.0.0.0/33",)}, "browse.allow_hosts"),
         ({"summary_max_tokens": 0}, "browse.summary_max_tokens"),
+        ({"cache": True}, "browse.cache"),
     ],
 )
 def test_config_errors_name_the_key_and_value(kwargs, key):
@@ -122,13 +123,14 @@ async def test_pages_are_cached_across_tools(site, cfg, tmp_path):
     await b.aclose()
 
 
-async def test_cache_switch_in_config(site, cfg, tmp_path, monkeypatch):
-    monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path))
+async def test_cache_switch_in_config(site, cfg, tmp_path):
     import dataclasses
 
-    tool = BrowserTool(dataclasses.replace(cfg, cache=True))
+    db = tmp_path / "tools.sqlite"
+    tool = BrowserTool(dataclasses.replace(cfg, cache=str(db)))
     r = await tool(site.url("/plain"))
-    assert r.metadata["cache"] == "miss" and (tmp_path / "browse.sqlite").exists()
+    assert r.metadata["cache"] == "miss" and db.exists()
+    assert (await tool(site.url("/plain"))).metadata["cache"] == "hit"
     await tool.aclose()
 
 
