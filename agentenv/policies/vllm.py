@@ -620,6 +620,8 @@ class VLLMPolicy:
             self._loop.call(_shutdown(), timeout=120)
         finally:
             self._loop.stop()
+            # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
+            self._engine = None
 
     def __enter__(self) -> "VLLMPolicy":
         return self

