@@ -35,11 +35,20 @@ def test_paper_config_has_the_papers_settings():
     assert (cfg.policy.max_turn_tokens, cfg.policy.temperature) == (4096, 1.0)
 
 
-@pytest.mark.parametrize("arpo, grpo", [("paper_arpo_qwen2.5-7b.yaml", "paper_grpo_qwen2.5-7b.yaml")])
+@pytest.mark.parametrize(
+    "arpo, grpo", [("paper_arpo_qwen2.5-7b.yaml", "paper_grpo_qwen2.5-7b.yaml"), ("toy_arpo.yaml", "toy_grpo.yaml")]
+)
 def test_arpo_and_grpo_configs_compare_like_with_like(arpo, grpo):
     assert _without_algorithm(CONFIGS / arpo) == _without_algorithm(CONFIGS / grpo)
     a, g = load_config(CONFIGS / arpo), load_config(CONFIGS / grpo)
     assert a.algorithm_config.group_size == g.algorithm_config.group_size  # M = G: the same budget
+
+
+def test_toy_config_loads():
+    cfg = load_config(CONFIGS / "toy_arpo.yaml")
+    a = cfg.algorithm_config
+    assert isinstance(a, ARPOConfig) and a.group_size == 8 and a.initial_rollouts == 4
+    assert cfg.model.path == "tiny"
 
 
 def test_overrides_reach_the_arpo_section():
