@@ -23,9 +23,16 @@ PASSAGES = [
 
 @pytest.fixture(scope="module")
 def encoder():
+    import torch
+
     from agentenv.tools.search.dense import load_encoder
 
-    return load_encoder()
+    # One intra-op thread: on a few shared cores, splitting a one-sentence batch
+    # over threads only adds barrier waits (measured 0.5 s vs 0.03 s per query under load).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_encoder()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
