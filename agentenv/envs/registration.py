@@ -72,3 +72,4 @@ def register_builtin_envs() -> None:
     """Register every env agentenv ships. Imports nothing beyond gymnasium."""
     register_env("Agent", "agentenv.envs.factories:make_agent_env")
     register_tool_env("Browser", "agentenv.tools.browser:make_browser_tool")
+    register_tool_env("Search", "agentenv.tools.search:make_search_tool")
