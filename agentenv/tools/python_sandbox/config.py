@@ -33,6 +33,10 @@ class PythonSandboxConfig:
         timeout_s: Wall-clock limit of one call; the call's processes are
             killed when it passes.
         memory_mb: Memory limit of each container (no swap).
+        address_space_factor: Each call's virtual memory is capped at this
+            many times `memory_mb`, so a huge allocation fails at once with a
+            MemoryError instead of an OOM kill after a second of thrashing;
+            0 turns the cap off.
         pids_limit: Most processes (threads included) in one container.
         cpus: CPU quota of each container, in cores.
         workdir_size_mb: Size of the writable tmpfs work dir (`/work`); it
@@ -63,6 +67,7 @@ class PythonSandboxConfig:
     mode: SandboxMode = "stateless"
     timeout_s: float = 10.0
     memory_mb: int = 512
+    address_space_factor: float = 2.0
     pids_limit: int = 64
     cpus: float = 1.0
     workdir_size_mb: int = 64
@@ -93,6 +98,12 @@ class PythonSandboxConfig:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{_KEY}.{key}", f"must be a number > 0, got {value!r}")
+        if not isinstance(self.address_space_factor, (int, float)) or not (
+            self.address_space_factor == 0 or self.address_space_factor >= 1
+        ):
+            raise ConfigError(
+                f"{_KEY}.address_space_factor", f"must be 0 (off) or >= 1, got {self.address_space_factor!r}"
+            )
         if self.output_head_bytes + self.output_tail_bytes == 0:
             raise ConfigError(f"{_KEY}.output_head_bytes", "output_head_bytes + output_tail_bytes must be > 0, got 0 + 0")
         cut = self.output_head_bytes + self.output_tail_bytes

@@ -529,7 +529,16 @@ class SandboxPool:
             "code": code,
             "timeout": timeout,
             "print_last": cfg.print_last_expr,
-            "limits": {"head": cfg.output_head_bytes, "tail": cfg.output_tail_bytes, "output_limit": cfg.output_limit_bytes},
+            "limits": self._limits(),
+        }
+
+    def _limits(self) -> dict[str, int]:
+        cfg = self.config
+        return {
+            "head": cfg.output_head_bytes,
+            "tail": cfg.output_tail_bytes,
+            "output_limit": cfg.output_limit_bytes,
+            "address_space": int(cfg.address_space_factor * cfg.memory_bytes),
         }
 
     async def _open_session(self) -> "SandboxSession":
@@ -542,7 +551,7 @@ class SandboxPool:
         ch = min(live, key=lambda c: len(c.sessions))
         sid = uuid.uuid4().hex[:12]
         fut = asyncio.get_running_loop().create_future()
-        ch.send({"op": "open", "sid": sid}, fut)
+        ch.send({"op": "open", "sid": sid, "limits": self._limits()}, fut)
         try:
             reply = await asyncio.wait_for(fut, self.config.start_timeout_s)
         except (asyncio.TimeoutError, _ChannelClosed) as e:

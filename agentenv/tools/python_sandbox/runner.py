@@ -188,6 +188,19 @@ def child_init(keep, cwd):
         sys.path.insert(0, cwd)
 
 
+def limit_address_space(limits):
+    """Caps virtual memory so a huge allocation fails at once with MemoryError
+    instead of thrashing up to the container's memory limit and an OOM kill."""
+    n = int((limits or {}).get("address_space", 0))
+    if n > 0:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (n, n))
+        except (ImportError, ValueError, OSError):
+            pass
+
+
 def attach_stdio(out_fd, err_fd):
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -282,6 +295,7 @@ def read_all(fd):
 def head_cell(ctrl, cwd, ns, msg, fds):
     """Runs one cell in a fork; on success the fork becomes the head."""
     code_fd, out_fd, err_fd = fds
+    rid = msg.get("rid")  # echoed, so the runner never takes one cell's message for another's
     code = read_all(code_fd).decode("utf-8", "replace")
     group = os.getpgid(0)
     commit_r, commit_w = os.pipe()
@@ -290,7 +304,7 @@ def head_cell(ctrl, cwd, ns, msg, fds):
     except OSError as e:
         for fd in (out_fd, err_fd, commit_r, commit_w):
             os.close(fd)
-        send_msg(ctrl, {"t": "died", "head": os.getpid(), "error": short("could not start the cell: %s" % e)})
+        send_msg(ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "error": short("could not start the cell: %s" % e)})
         return ctrl, cwd
     if pid == 0:
         os.close(commit_r)
@@ -304,16 +318,18 @@ def head_cell(ctrl, cwd, ns, msg, fds):
             os.setpgid(0, group)  # back to the session's group; the runner may kill the cell's
         except OSError:
             pass
+        # "done" before the commit: once the old head exits we are an orphan, and the
+        # runner's sweep must already be able to read that we are the head.
+        send_msg(ctrl, {"t": "done", "rid": rid, "head": os.getpid(), "exit": exit_code, "error": error, "pgid": os.getpgid(0)})
         try:
             os.write(commit_w, b"c")
         except OSError:
             pass
         os.close(commit_w)
-        send_msg(ctrl, {"t": "done", "head": os.getpid(), "exit": exit_code, "error": error, "pgid": os.getpgid(0)})
         return ctrl, cwd
     for fd in (out_fd, err_fd, commit_w):
         os.close(fd)
-    send_msg(ctrl, {"t": "cell", "pid": pid})
+    send_msg(ctrl, {"t": "cell", "rid": rid, "pid": pid})
     while True:
         try:
             committed = os.read(commit_r, 1) == b"c"
@@ -324,7 +340,7 @@ def head_cell(ctrl, cwd, ns, msg, fds):
     if committed:
         os._exit(0)  # the cell's process holds the new state and is the head now
     _, status = os.waitpid(pid, 0)
-    send_msg(ctrl, {"t": "died", "head": os.getpid(), "status": status})
+    send_msg(ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "status": status})
     return ctrl, cwd
 
 
@@ -426,6 +442,7 @@ class Session:
         self.child = None  # the session a pending `fork` creates
         self.parent = None  # for a session being forked: the session it copies
         self.theirs = None  # for a session being forked: the head's end of `ctrl`, not yet sent
+        self.inbox = []  # messages read from `ctrl`, not handled yet (None: end of file)
 
 
 class Runner:
@@ -482,7 +499,13 @@ class Runner:
                         self.on_ctrl(obj)
                 except Exception:  # a bug must not take PID 1 (and the container) down
                     traceback.print_exc()
-            self.on_timers()
+            try:
+                self.on_timers()
+                for s in list(self.sessions.values()):
+                    if s.inbox:  # a sweep read them off the socket
+                        self.on_ctrl(s)
+            except Exception:
+                traceback.print_exc()
 
     def next_timeout(self):
         now = time.monotonic()
@@ -623,6 +646,7 @@ class Runner:
         try:
             os.setsid()
             child_init((out_w, err_w, status_w), cwd)
+            limit_address_space(req.get("limits"))
             attach_stdio(out_w, err_w)
             os.close(out_w)
             os.close(err_w)
@@ -650,10 +674,10 @@ class Runner:
             pass
         os.close(run.status_fd)
         exit_code, sig = decode_status(status)
+        self.settle()  # before the reply: the next call must find no leftovers of this one
         self.send(run.reply(exit_code, sig, error))
         shutil.rmtree(run.dir, ignore_errors=True)
         self.clean_workdir()
-        self.sweep()
 
     # -- sessions -----------------------------------------------------------
 
@@ -676,6 +700,7 @@ class Runner:
             try:
                 os.setsid()
                 child_init((theirs.fileno(),), cwd)
+                limit_address_space(req.get("limits"))
                 null_stdio()
                 head_main(theirs, cwd)
             finally:
@@ -702,9 +727,9 @@ class Runner:
             code_r = self.code_pipe(req["code"].encode("utf-8", "surrogatepass"))
             s.cell = run
             try:
-                send_msg(s.ctrl, {"t": "run", "print_last": req.get("print_last", True)}, (code_r, out_w, err_w))
+                send_msg(s.ctrl, {"t": "run", "rid": run.id, "print_last": req.get("print_last", True)}, (code_r, out_w, err_w))
             except OSError as e:
-                self.lose_session(s, "session lost: %s" % e)
+                self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
             finally:
                 for fd in (code_r, out_w, err_w):
                     os.close(fd)
@@ -715,7 +740,7 @@ class Runner:
             try:
                 send_msg(s.ctrl, {"t": "fork", "dir": child.dir}, (theirs.fileno(),))
             except OSError as e:
-                self.lose_session(s, "session lost: %s" % e)
+                self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
             finally:
                 theirs.close()
 
@@ -742,26 +767,46 @@ class Runner:
         os.close(w)
         return r
 
+    def read_ctrl(self, s):
+        """Moves the messages waiting on a session's socket into its inbox (None = EOF)."""
+        while s.state != "lost" and (not s.inbox or s.inbox[-1] is not None):
+            try:
+                data = s.ctrl.recv(MSG_MAX)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                s.inbox.append(None)
+                return
+            try:
+                s.inbox.append(json.loads(data))
+            except ValueError:
+                continue
+
     def on_ctrl(self, s):
-        try:
-            data = s.ctrl.recv(MSG_MAX)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.lose_session(s, "session lost: its process died")
-            return
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            return
+        self.read_ctrl(s)
+        while s.inbox and s.state != "lost" and self.sessions.get(s.sid) is s:
+            msg = s.inbox.pop(0)
+            if msg is None:
+                self.lose_session(s, "session lost: its process died")
+                return
+            try:
+                self.on_message(s, msg)
+            except (KeyError, TypeError, ValueError):
+                continue
+
+    def on_message(self, s, msg):
         kind = msg.get("t")
-        if kind == "cell" and s.cell is not None:
+        if kind in ("cell", "done", "died") and (s.cell is None or msg.get("rid") != s.cell.id):
+            if kind == "done":
+                s.head = int(msg["head"])  # a late message of a finished cell still names the head
+            return
+        if kind == "cell":
             s.cell.pid = int(msg["pid"])
             if s.cell.killed:
                 s.cell.kill(s.cell.killed)
-        elif kind == "done" and s.cell is not None:
+        elif kind == "done":
             s.head = int(msg["head"])
             run = s.cell
             cell_group = run.pid
@@ -770,14 +815,11 @@ class Runner:
                     os.killpg(cell_group, signal.SIGKILL)  # background processes the cell left
                 except OSError:
                     pass
-            self.finish_cell(s, run.reply(msg.get("exit"), None, msg.get("error")))
-        elif kind == "died" and s.cell is not None:
+            self.finish_cell(s, msg.get("exit"), None, msg.get("error"))
+        elif kind == "died":
             s.head = int(msg.get("head") or s.head)
-            run = s.cell
             exit_code, sig = decode_status(msg["status"]) if "status" in msg else (None, None)
-            reply = run.reply(exit_code, sig, msg.get("error"))
-            reply["rolled_back"] = True
-            self.finish_cell(s, reply)
+            self.finish_cell(s, exit_code, sig, msg.get("error"), rolled_back=True)
         elif kind == "fork_failed" and s.child is not None:
             self.lose_session(s.child, msg.get("error") or "fork failed")
         elif kind == "forked" and s.state == "starting":
@@ -799,14 +841,17 @@ class Runner:
                 parent.state = "ready"
             self.pump(parent)
 
-    def finish_cell(self, s, reply):
+    def finish_cell(self, s, exit_code, sig, error, rolled_back=False):
         run = s.cell
         self.drain(run)
+        reply = run.reply(exit_code, sig, error)
+        if rolled_back:
+            reply["rolled_back"] = True
         s.cell, s.current = None, None
         if s.state == "busy":
             s.state = "ready"
+        self.settle()
         self.send(reply)
-        self.sweep()
         self.pump(s)
 
     def lose_session(self, s, why):
@@ -866,14 +911,26 @@ class Runner:
         except OSError:
             data = b""
         if not data:
-            self.close_pipe(fd)
+            self.close_pipe(fd, run)
             return
         run.fds[fd].add(data)
         if run.out.total + run.err.total > run.limit and run.killed is None:
-            run.kill("output")
+            self.stop(run, "output")
 
-    def close_pipe(self, fd):
-        if self.pipes.pop(fd, None) is not None:
+    def stop(self, run, why):
+        """Kills a call's processes. When nothing else lives in the container, kills
+        every process but us at once (kill(-1) cannot race with a fork bomb's forks)."""
+        run.kill(why)
+        if run.sid is None and not self.sessions and set(self.jobs) <= {run.pid}:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close_pipe(self, fd, run):
+        """Closes `run`'s pipe `fd` (fd numbers are reused: only if it is still `run`'s)."""
+        if self.pipes.get(fd) is run:
+            del self.pipes[fd]
             try:
                 self.sel.unregister(fd)
             except (KeyError, ValueError):
@@ -883,7 +940,7 @@ class Runner:
     def drain(self, run):
         """Reads what the pipes still hold without waiting for writers that linger."""
         for fd, cap in list(run.fds.items()):
-            if fd not in self.pipes:
+            if self.pipes.get(fd) is not run:
                 continue
             while True:
                 try:
@@ -894,17 +951,17 @@ class Runner:
                     break
                 if cap.total < run.limit:
                     cap.add(data)
-            self.close_pipe(fd)
+            self.close_pipe(fd, run)
 
     def close_run_pipes(self, run):
         for fd in list(run.fds):
-            self.close_pipe(fd)
+            self.close_pipe(fd, run)
 
     def on_timers(self):
         now = time.monotonic()
         for run in self.runs():
             if run.killed is None and now >= run.deadline:
-                run.kill("timeout")
+                self.stop(run, "timeout")
             elif run.kill_time is not None and now >= run.kill_time + 1.5 and run.sid is not None:
                 # The cell's head did not report within 1.5 s of the kill: the session is gone.
                 s = self.sessions.get(run.sid)
@@ -937,26 +994,49 @@ class Runner:
             if run is not None:
                 self.finish_job(run, status)
 
+    def settle(self, budget=1.0):
+        """Sweeps until no stray is left alive (killed processes need CPU time to exit
+        and a throttled container may not give it at once), for at most `budget` s."""
+        end = time.monotonic() + budget
+        if not self.jobs and not self.sessions:
+            try:
+                os.kill(-1, signal.SIGKILL)  # nothing may live: everything but us is a stray
+            except OSError:
+                pass
+        while self.sweep() and time.monotonic() < end:
+            time.sleep(0.005)
+            self.reap()
+
     def sweep(self):
-        """Kills every process that no call in flight and no session owns."""
+        """Kills every process that no call in flight and no session owns; returns how many."""
         parents = {}
+        zombies = set()
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             try:
                 with open("/proc/%s/stat" % name, "rb") as f:
-                    stat = f.read()
-                parents[int(name)] = int(stat.rsplit(b")", 1)[1].split()[1])
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                parents[int(name)] = int(fields[1])
+                if fields[0] in (b"Z", b"X"):
+                    zombies.add(int(name))
             except (OSError, ValueError, IndexError):
                 continue
         me = os.getpid()
         roots = set(self.jobs)  # their descendants may live
         heads = set()
-        for s in self.sessions.values():
-            if s.head:
-                heads.add(s.head)
-                if s.state == "busy":
-                    roots.add(s.head)
+        for s in list(self.sessions.values()):
+            # Heads change hands by message: read them first, so a cell that just became
+            # its session's head (and an orphan) is not taken for a stray.
+            self.read_ctrl(s)
+            pids = [s.head] + [m.get("head") or m.get("pid") for m in s.inbox if m]
+            if s.cell is not None:
+                pids.append(s.cell.pid)
+            for pid in pids:
+                if isinstance(pid, int) and pid > 1:
+                    heads.add(pid)
+                    if s.state in ("busy", "starting"):
+                        roots.add(pid)
         killed = 0
         for pid in parents:
             if pid in (me, 1) or pid in heads or pid in roots:
@@ -964,7 +1044,7 @@ class Runner:
             p, seen = parents.get(pid), 0
             while p not in (None, 0, 1, me) and p not in roots and seen < 256:
                 p, seen = parents.get(p), seen + 1
-            if p in roots:
+            if p in roots or pid in zombies:
                 continue
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -973,6 +1053,7 @@ class Runner:
                 pass
         if killed:
             self.sweep_at = time.monotonic() + 0.2  # leftovers may still be forking
+        return killed
 
     def clean_workdir(self):
         keep = {os.path.basename(s.dir) for s in self.sessions.values()}

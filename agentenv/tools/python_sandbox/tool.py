@@ -10,6 +10,7 @@ from agentenv.tools.python_sandbox.config import PythonSandboxConfig
 from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
 from agentenv.types import ToolResult
 
+_FRESH = "a fresh session starts with the next call, so define your variables again"
 _FENCE = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 
 
@@ -33,8 +34,8 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
         reason = f"out of memory (limit {cfg.memory_mb} MiB)"
         note = f"MemoryError: the code used more than {cfg.memory_mb} MiB and was killed"
     elif r.session_lost:
-        reason = r.error or "session lost"
-        note = f"SessionError: {reason}"
+        reason = "session lost"
+        note = f"SessionError: {r.error or reason}; {_FRESH}"
     elif r.signal is not None:
         reason = f"killed by {_signal_name(r.signal)}"
         note = f"the code's process was {reason}"
@@ -125,14 +126,13 @@ class PythonTool:
         return to_tool_result(r, self.config, time.monotonic() - t0)
 
     async def _run_in_session(self, code: str) -> ExecResult | ToolResult:
-        if self._session is None or self._session.closed:
-            self._session = await self.pool.open_session()
         try:
+            if self._session is None or self._session.closed:
+                self._session = await self.pool.open_session()
             r = await self._session.run(code)
         except SessionLost as e:
             self._session = None
-            why = f"session lost ({e}); a fresh session starts with the next call, so define your variables again"
-            return ToolResult(text=f"SessionError: {why}", ok=False, error="session lost")
+            return ToolResult(text=f"SessionError: {e}; {_FRESH}", ok=False, error="session lost")
         if r.session_lost:
             self._session = None
         return r
