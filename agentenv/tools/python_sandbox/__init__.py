@@ -15,7 +15,7 @@ Nothing here imports `docker` until a pool starts or an image is built.
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig, SandboxMode
 from agentenv.tools.python_sandbox.image import build_image
 from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
-from agentenv.tools.python_sandbox.tool import PythonTool, clean_code, to_tool_result
+from agentenv.tools.python_sandbox.tool import PythonTool, clean_code, make_python_tool, to_tool_result
 
 __all__ = [
     "ExecResult",
@@ -27,5 +27,6 @@ __all__ = [
     "SessionLost",
     "build_image",
     "clean_code",
+    "make_python_tool",
     "to_tool_result",
 ]

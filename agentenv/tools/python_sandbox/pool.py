@@ -261,7 +261,7 @@ class SandboxPool:
 
     def __init__(self, config: PythonSandboxConfig | None = None):
         self.config = config or PythonSandboxConfig()
-        self._io = _LoopThread("agentenv-sandbox-io")
+        self._io_thread: _LoopThread | None = None  # started on first use
         self._client: Any = None
         self._channels: list[_Channel] = []
         self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
@@ -274,6 +274,12 @@ class SandboxPool:
         self._runner_src = runner_source()
         self._replacing = 0
         _LIVE_POOLS.add(self)
+
+    @property
+    def _io(self) -> _LoopThread:
+        if self._io_thread is None:
+            self._io_thread = _LoopThread("agentenv-sandbox-io")
+        return self._io_thread
 
     # -- public API (callable from any event loop) ----------------------------
 
@@ -299,12 +305,18 @@ class SandboxPool:
         """Removes this pool's containers and stops its I/O thread."""
         if self._closed:
             return
+        if self._io_thread is None:  # never used
+            self._closed = True
+            return
         await self._call(self._shutdown())
         self._io.stop()
 
     def close(self) -> None:
         """Synchronous `aclose` (for `finally` blocks and scripts)."""
         if self._closed:
+            return
+        if self._io_thread is None:
+            self._closed = True
             return
         if self._io.loop.is_running() and not self._io.in_loop():
             self._io.submit(self._shutdown()).result(self.config.docker_timeout_s + 30)
@@ -584,8 +596,12 @@ class SandboxPool:
         ids = list(self._container_ids)
         if not ids or self._client is None:
             return
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(ids)))) as ex:
-            list(ex.map(self._remove_blocking, ids))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(ids)))) as ex:
+                list(ex.map(self._remove_blocking, ids))
+        except RuntimeError:  # at interpreter exit no new threads may start: one by one
+            for cid in ids:
+                self._remove_blocking(cid)
 
 
 class SandboxSession:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig
 from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
@@ -154,3 +156,24 @@ class PythonTool:
             await session.aclose()
         if self._owns_pool:
             await self.pool.aclose()
+
+
+def make_python_tool(cfg: PythonSandboxConfig | Mapping[str, Any] | None = None, **options: Any) -> PythonTool:
+    """The `python` tool a config asks for (a prototype that owns its pool).
+
+    Also the entry point of `agentenv/Python-v0`: `gymnasium.make("agentenv/Python-v0",
+    mode="session", timeout_s=5)` passes its keyword arguments here. Nothing touches
+    Docker until the first call.
+
+    Args:
+        cfg: The validated config, or a mapping of its fields.
+        **options: Fields of `PythonSandboxConfig` (merged over a mapping `cfg`).
+
+    Raises:
+        ConfigError: An unknown option or a bad value (names the key and the value).
+    """
+    if cfg is None or isinstance(cfg, Mapping):
+        cfg = PythonSandboxConfig.from_dict({**(cfg or {}), **options})
+    elif options:
+        raise TypeError(f"make_python_tool got a PythonSandboxConfig and options {sorted(options)}; pass one or the other")
+    return PythonTool(cfg)
