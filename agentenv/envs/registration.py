@@ -73,3 +73,4 @@ def register_builtin_envs() -> None:
     register_env("Agent", "agentenv.envs.factories:make_agent_env")
     register_tool_env("Browser", "agentenv.tools.browser:make_browser_tool")
     register_tool_env("Search", "agentenv.tools.search:make_search_tool")
+    register_tool_env("Python", "agentenv.tools.python_sandbox:make_python_tool")
