@@ -10,12 +10,15 @@ parameters that shape the answer (k, cut, market, corpus hash, ...).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,10 +92,15 @@ class SearchCache:
         return conn
 
     def get(self, provider: str, query: str, params: dict[str, Any]) -> CacheEntry | None:
-        """The stored answer, or None (counts a hit or a miss)."""
-        row = self._conn().execute(
-            "SELECT text, metadata, created FROM results WHERE key = ?", (cache_key(provider, query, params),)
-        ).fetchone()
+        """The stored answer, or None (counts a hit or a miss).
+
+        Raises:
+            ToolError: The database cannot be read (names the file and how to fix it).
+        """
+        with self._errors("read"):
+            row = self._conn().execute(
+                "SELECT text, metadata, created FROM results WHERE key = ?", (cache_key(provider, query, params),)
+            ).fetchone()
         if row is not None and self.ttl_s is not None and time.time() - row[2] > self.ttl_s:
             row = None
         with self._lock:
@@ -103,20 +111,36 @@ class SearchCache:
         return None if row is None else CacheEntry(text=row[0], metadata=json.loads(row[1]), created=row[2])
 
     def put(self, provider: str, query: str, params: dict[str, Any], text: str, metadata: dict[str, Any]) -> None:
-        """Store (or replace) an answer in one transaction."""
-        self._conn().execute(
-            "INSERT OR REPLACE INTO results (key, provider, query, params, text, metadata, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                cache_key(provider, query, params),
-                provider,
-                query,
-                json.dumps(params, sort_keys=True, default=str),
-                text,
-                json.dumps(metadata, default=str),
-                time.time(),
-            ),
+        """Store (or replace) an answer; one statement in autocommit mode is one transaction.
+
+        Raises:
+            ToolError: The database cannot be written (disk full, locked past the busy timeout, read-only).
+        """
+        row = (
+            cache_key(provider, query, params),
+            provider,
+            query,
+            json.dumps(params, sort_keys=True, default=str),
+            text,
+            json.dumps(metadata, default=str),
+            time.time(),
         )
+        with self._errors("write"):
+            self._conn().execute(
+                "INSERT OR REPLACE INTO results (key, provider, query, params, text, metadata, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise ToolError(
+                f"search cache {str(self.path)!r}: {what} failed ({type(e).__name__}: {e}). "
+                "Check free disk space and permissions, or point `cache` at another file."
+            ) from e
 
     def __len__(self) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM results").fetchone()[0]
@@ -139,19 +163,23 @@ class CachedSearchTool:
 
     Only successful answers are stored (errors are retried next time). The inner
     tool's `provider` and `cache_params` make the key, so two providers, or the
-    same provider with another k or cut, never share entries.
+    same provider with another k or cut, never share entries. Concurrent misses
+    on one query (the G samples of a GRPO group often search the same words at
+    once) share a single provider call.
 
     Args:
         tool: A search tool with `provider` and `cache_params` attributes.
         cache: The shared store.
     """
 
-    def __init__(self, tool, cache: SearchCache):
+    def __init__(self, tool, cache: SearchCache, _shared: dict | None = None):
         self.tool = tool
         self.cache = cache
         self.name = tool.name
         self.provider = tool.provider
         self._params = dict(tool.cache_params)
+        # In-flight fetches and counters, shared by every fork of this tool.
+        self._shared = _shared if _shared is not None else {"inflight": {}, "coalesced": 0}
 
     @property
     def cache_params(self) -> dict[str, Any]:
@@ -167,18 +195,38 @@ class CachedSearchTool:
             return ToolResult(
                 text=entry.text, latency_s=time.perf_counter() - t0, metadata={**entry.metadata, "cache": "hit"}
             )
+        loop = asyncio.get_running_loop()
+        key = (id(loop), q)  # tasks belong to one loop
+        inflight = self._shared["inflight"]
+        task = inflight.get(key)
+        joined = task is not None
+        if joined:
+            self._shared["coalesced"] += 1
+        else:
+            task = loop.create_task(self._fetch(q))
+            inflight[key] = task
+            task.add_done_callback(lambda _t: inflight.pop(key, None))
+        # shield: one waiter's timeout must not cancel the call the others wait on.
+        res = await asyncio.shield(task)
+        return dataclasses.replace(
+            res, latency_s=time.perf_counter() - t0, metadata={**res.metadata, "cache": "coalesced" if joined else "miss"}
+        )
+
+    async def _fetch(self, q: str) -> ToolResult:
         res = await self.tool(q)
         if res.ok:
             await asyncio.to_thread(self.cache.put, self.provider, q, self._params, res.text, res.metadata)
-        res.metadata["cache"] = "miss"
         return res
 
     def metrics(self) -> dict[str, float]:
-        """`search/cache_hits`, `search/cache_misses`, `search/cache_hit_rate` for the logger."""
-        return {f"search/cache_{k}": v for k, v in self.cache.stats().items()}
+        """`search/cache_hits`, `_misses`, `_hit_rate`, `_coalesced` (misses that joined a call in flight), and the inner tool's."""
+        inner = self.tool.metrics() if hasattr(self.tool, "metrics") else {}
+        ours = {f"search/cache_{k}": v for k, v in self.cache.stats().items()}
+        ours["search/cache_coalesced"] = self._shared["coalesced"]
+        return {**inner, **ours}
 
     def fork(self) -> "CachedSearchTool":
-        return CachedSearchTool(self.tool.fork(), self.cache)
+        return CachedSearchTool(self.tool.fork(), self.cache, self._shared)
 
     async def aclose(self) -> None:
         await self.tool.aclose()

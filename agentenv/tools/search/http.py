@@ -111,8 +111,7 @@ class HTTPSearchTool(abc.ABC):
         self.on_error = on_error
         self._states: dict[int, _LoopState] = {}
         self._owner = True
-        self.requests = 0
-        """HTTP requests sent by this pool (retries included)."""
+        self._stats = {"requests": 0, "retries": 0, "failures": 0}  # shared by every fork
 
     # -- provider hooks ------------------------------------------------------
     @abc.abstractmethod
@@ -154,6 +153,12 @@ class HTTPSearchTool(abc.ABC):
             latency_s=time.perf_counter() - t0,
             metadata={"provider": self.provider, "num_results": len(hits), "urls": [h.url for h in hits]},
         )
+
+    def metrics(self) -> dict[str, float]:
+        """Requests sent (retries included), retries, searches that failed, seconds spent waiting for the rate limit."""
+        out = {f"search/{k}": float(v) for k, v in self._stats.items()}
+        out["search/rate_wait_s"] = self.limiter.waited_s if self.limiter is not None else 0.0
+        return out
 
     def fork(self) -> "HTTPSearchTool":
         handle = copy.copy(self)  # shares _states (sessions, semaphores) and the limiter
@@ -206,15 +211,18 @@ class HTTPSearchTool(abc.ABC):
                 reasons.append(str(e))
                 if attempt == self.retry.max_retries:
                     break
+                self._stats["retries"] += 1
                 delay = self.retry.backoff(attempt)
                 if e.retry_after is not None:
                     if e.retry_after > self.retry.max_retry_after_s:
+                        self._stats["failures"] += 1
                         raise ToolError(
                             f"{self.provider} asks to wait {e.retry_after:.0f} s (Retry-After), more than "
                             f"max_retry_after_s={self.retry.max_retry_after_s:g}; lower the request rate or raise the limit."
                         ) from None
                     delay = max(delay, e.retry_after)
                 await asyncio.sleep(delay)
+        self._stats["failures"] += 1
         raise ToolError(
             f"{self.provider} search failed after {len(reasons)} attempts ({'; '.join(reasons)}). "
             f"Check that the endpoint is up and reachable, or raise timeout_s/max_retries."
@@ -228,7 +236,7 @@ class HTTPSearchTool(abc.ABC):
             await self.limiter.acquire()
         st = self._state()
         async with st.semaphore:
-            self.requests += 1
+            self._stats["requests"] += 1
             try:
                 async with st.session.get(url, params=params, headers=headers) as resp:
                     status = resp.status

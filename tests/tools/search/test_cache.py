@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -70,7 +71,9 @@ async def test_cached_tool_hits_after_first_call_and_skips_errors(tmp_path):
     assert r2.metadata["num_results"] == 1 and inner.calls == 1
     assert not (await tool("fail")).ok and not (await tool("fail")).ok
     assert inner.calls == 3  # errors are never cached
-    assert tool.metrics() == {"search/cache_hits": 1, "search/cache_misses": 3, "search/cache_hit_rate": 0.25}
+    assert tool.metrics() == {
+        "search/cache_hits": 1, "search/cache_misses": 3, "search/cache_hit_rate": 0.25, "search/cache_coalesced": 0
+    }
     # A second process's view (a fresh SearchCache on the same file) sees the entry.
     assert SearchCache(tmp_path / "c.sqlite").get("fake", "alpha", {"k": 3}).text == r1.text
 
@@ -90,6 +93,25 @@ async def test_make_search_tool_with_cache_over_bing(provider, tmp_path, monkeyp
     await tool2("same query")
     assert len(provider.requests) == 2
     await tool2.aclose()
+
+
+async def test_concurrent_misses_share_one_provider_call(provider, tmp_path):
+    provider.script = [provider.delayed(0.2, provider.bing_payload(2))]
+    cfg = SearchToolConfig(provider="bing", endpoint=provider.url, api_key="k", cache=str(tmp_path / "s.sqlite"))
+    proto = make_search_tool(cfg)
+    results = await asyncio.gather(*(proto.fork()("group query") for _ in range(5)))
+    assert len(provider.requests) == 1
+    assert len({r.text for r in results}) == 1 and all(r.ok for r in results)
+    assert sorted(r.metadata["cache"] for r in results) == ["coalesced"] * 4 + ["miss"]
+    assert proto.metrics()["search/cache_coalesced"] == 4 and proto.metrics()["search/requests"] == 1
+    # A waiter that times out does not cancel the call the others share.
+    provider.script = [provider.delayed(0.3, provider.bing_payload(1))]
+    impatient = asyncio.create_task(asyncio.wait_for(proto.fork()("other"), 0.05))
+    patient = asyncio.create_task(proto.fork()("other"))
+    with pytest.raises(asyncio.TimeoutError):
+        await impatient
+    assert (await patient).ok and len(provider.requests) == 2
+    await proto.aclose()
 
 
 WRITER = textwrap.dedent(
@@ -171,3 +193,7 @@ def test_unwritable_cache_path_is_a_tool_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ToolError, match="search cache"):
         SearchCache(blocker / "sub" / "c.sqlite")
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ToolError, match="garbage.sqlite"):
+        SearchCache(garbage)

@@ -82,8 +82,10 @@ async def test_retry_after_beyond_limit_fails_fast(provider):
 async def test_bing_500_then_success(provider):
     provider.script = [provider.status(500), provider.status(503), provider.ok(provider.bing_payload(3))]
     tool = bing(provider)
-    res = await tool("q")
+    res = await tool.fork()("q")
     assert res.ok and res.metadata["num_results"] == 3 and len(provider.requests) == 3
+    m = tool.metrics()  # counted across forks
+    assert (m["search/requests"], m["search/retries"], m["search/failures"]) == (3, 2, 0)
     await tool.aclose()
 
 
