@@ -47,6 +47,8 @@ class HFPolicyConfig:
             logprobs equal to ~1e-6.
         device: `auto` (cuda when available, else cpu), `cpu`, `cuda` or `cuda:N`.
         max_batch_size: Most sequences decoded together; further requests wait.
+        max_prefill_tokens: Most (padded) prompt tokens prefilled in one forward;
+            more new requests are prefilled in several forwards.
         max_model_len: Longest context (prompt + generation); None uses the
             model's `max_position_embeddings`.
         attn_implementation: transformers attention kernel.
@@ -58,6 +60,7 @@ class HFPolicyConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
     max_batch_size: int = 64
+    max_prefill_tokens: int = 16384
     max_model_len: int | None = None
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     seed: int = 0
@@ -69,6 +72,8 @@ class HFPolicyConfig:
             raise ConfigError("policy.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
+        if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 1:
+            raise ConfigError("policy.max_prefill_tokens", f"must be an int >= 1, got {self.max_prefill_tokens!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("policy.max_model_len", f"must be >= 2 or None, got {self.max_model_len!r}")
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -391,14 +396,30 @@ class HFPolicy:
             logits_parts = []
             if self._batch is not None:
                 logits_parts.append(self._decode())
-            if new:
-                new_batch, new_logits = self._prefill(new)
+            for group in self._prefill_groups(sorted(new, key=lambda r: len(r.prompt_ids))):
+                new_batch, new_logits = self._prefill(group)
                 self._merge(new_batch)
                 logits_parts.append(new_logits)
             if self._batch is None:
                 return []
             logits = torch.cat(logits_parts, dim=0)  # (B, V), rows in batch order
             return self._sample_and_advance(logits)
+
+    def _prefill_groups(self, reqs: list[_Request]) -> list[list[_Request]]:
+        """Split new requests (in order) so each padded prefill stays within `max_prefill_tokens`."""
+        groups: list[list[_Request]] = []
+        cur: list[_Request] = []
+        width = 0
+        for r in reqs:
+            w = max(width, len(r.prompt_ids))
+            if cur and w * (len(cur) + 1) > self.config.max_prefill_tokens:
+                groups.append(cur)
+                cur, w = [], len(r.prompt_ids)
+            cur.append(r)
+            width = w
+        if cur:
+            groups.append(cur)
+        return groups
 
     def _prefill(self, reqs: list[_Request]) -> tuple[_Batch, torch.Tensor]:
         """Run left-padded prompts; returns their batch state and last logits (n, V)."""

@@ -228,6 +228,18 @@ def test_max_batch_size_queues_the_rest(small_tokenizer):
     assert len(gens) == 5 and pol.stats.max_rows == 2 and pol.stats.rows_prefilled == 5
 
 
+def test_prefill_is_split_by_token_budget(small_tokenizer):
+    model = make_small_model(len(small_tokenizer))
+    cfg = HFPolicyConfig(model="-", device="cpu", max_prefill_tokens=5)
+    pol = HFPolicy(cfg, model=model, tokenizer=small_tokenizer)
+    texts = ["the quick brown", "lazy", "jumps over the lazy dog", "fox"]
+    prompts = [_prompt(small_tokenizer, t) for t in texts]
+    gens = pol.generate_many_sync(prompts, SamplingParams(max_tokens=6, seed=3))
+    assert pol.stats.prefill_calls >= 3 and pol.stats.max_rows == 4
+    for p, g in zip(prompts, gens):
+        assert g.token_ids == pol.generate_sync(p, SamplingParams(max_tokens=6, seed=3)).token_ids
+
+
 async def test_generate_sync_refuses_inside_a_loop(small_policy, small_tokenizer):
     with pytest.raises(RuntimeError, match="await"):
         small_policy.generate_sync(_prompt(small_tokenizer), SamplingParams(max_tokens=2))
