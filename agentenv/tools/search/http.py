@@ -144,8 +144,11 @@ class HTTPSearchTool(abc.ABC):
             if self.on_error == "raise" or isinstance(e, _Fatal):
                 raise
             return ToolResult(
-                text="", ok=False, error=f"Search is unavailable right now: {e}", latency_s=time.perf_counter() - t0,
-                metadata={"provider": self.provider, "infra_error": True},
+                text="",
+                ok=False,
+                error="Search is unavailable right now; try again later or answer without it.",
+                latency_s=time.perf_counter() - t0,
+                metadata={"provider": self.provider, "infra_error": str(e)},
             )
         text = format_pages(hits, self.max_chars, self.show_url) if hits else no_results_text(q)
         return ToolResult(

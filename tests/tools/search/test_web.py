@@ -117,7 +117,7 @@ async def test_malformed_json_is_retried_then_a_clear_error(provider):
     # Same fault, on_error="result": the model reads an error, the rollout goes on.
     tool2 = bing(provider, on_error="result")
     res = await tool2("q")
-    assert not res.ok and "malformed response" in res.error and res.metadata["infra_error"]
+    assert not res.ok and "unavailable" in res.error and "malformed response" in res.metadata["infra_error"]
     await tool.aclose()
     await tool2.aclose()
 
