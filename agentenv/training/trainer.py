@@ -25,17 +25,13 @@ from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
 from agentenv.training import checkpoint as ckpt
 from agentenv.policies.hf import sequence_logprobs
+from agentenv.rollout import derive_seed
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, resolve_model_path
 from agentenv.training.data import TaskStream
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.types import Group, SamplingParams
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integers (run seed, step, task index, ...)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 @dataclass

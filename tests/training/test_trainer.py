@@ -14,9 +14,15 @@ def test_few_steps_change_weights_and_policy_serves_them(fast_config):
     before = {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
     sample_ids = None
     try:
-        for step in range(2):
+        # a step moves the weights only when some group's rewards differ: sample until one does
+        learned = False
+        for step in range(6):
             metrics = trainer.train_step(step)
-        assert metrics["rollout/failed"] == 0
+            assert metrics["rollout/failed"] == 0
+            learned = learned or metrics["train/grad_norm"] > 0
+            if learned:
+                break
+        assert learned, "no group had differing rewards in 6 steps"
         assert 0.0 <= metrics["rollout/accuracy"] <= 1.0
         # sampler and trainer share fp32 weights: their logprobs agree closely
         assert metrics["train/logprob_gap_mean"] < 1e-3, metrics

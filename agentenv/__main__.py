@@ -1,0 +1,5 @@
+"""`python -m agentenv ...` is the `agentenv` command."""
+
+from agentenv.cli import main
+
+main()
