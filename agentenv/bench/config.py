@@ -280,7 +280,8 @@ def resolve_runs(bench: BenchConfig) -> list[RunSpec]:
             if b[k] != budgets[first][k]:
                 raise ConfigError(
                     f"variants.{name}",
-                    f"changes the shared budget: {k} is {b[k]!r} here but {budgets[first][k]!r} in {first!r}; "
+                    f"differs from {first!r} on the shared budget: {k} is {b[k]!r} in {name!r} "
+                    f"but {budgets[first][k]!r} in {first!r}; "
                     "every variant must use the same tasks, seeds and budget (set it in base)",
                 )
     return runs

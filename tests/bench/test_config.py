@@ -48,7 +48,7 @@ def test_cli_overrides_go_to_runs_or_to_the_benchmark():
 
 def test_variant_that_changes_the_budget_is_refused():
     raw = {**RAW, "variants": {"a": {}, "b": {"trainer": {"steps": 9}}}}
-    with pytest.raises(ConfigError, match=r"variants\.b.*trainer\.steps is 9 here but 3 in 'a'"):
+    with pytest.raises(ConfigError, match=r"variants\.b.*trainer\.steps is 9 in 'b' but 3 in 'a'"):
         resolve_runs(bench_config_from_dict(raw))
 
 
