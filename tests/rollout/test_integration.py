@@ -95,13 +95,14 @@ async def test_group_with_the_tiny_model(request, toy_search):
     def make_env():
         return AgentEnv([search], tok, config=env_cfg)
 
-    seen_tool = False
+    tool_segments = 0
     for i, task in enumerate(tasks):
-        group = await run_group(policy, make_env, task, 4, SamplingParams(temperature=1.0), seed=i,
-                                config=RolloutConfig(max_turn_tokens=128))  # fmt: skip
+        group = await run_group(policy, make_env, task, 3, SamplingParams(temperature=1.0), seed=i,
+                                config=RolloutConfig(max_turn_tokens=96))  # fmt: skip
         check_group(group, tok, task, env_cfg)
-        seen_tool |= any(s.source == "tool" for t in group for s in t.segments)
-    assert seen_tool, "the tiny model never called search on two-hop tasks"
+        tool_segments += sum(s.source == "tool" for t in group for s in t.segments)
+    # Results (of searches or of malformed calls) were appended as tool tokens, so mask 0 was exercised.
+    assert tool_segments > 0, "no episode produced a tool result"
 
 
 def test_check_agent_env_with_local_search(toy_search):
