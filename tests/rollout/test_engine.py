@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from agentenv.envs.agent_env import AgentEnv, AgentEnvConfig
-from agentenv.envs.testing import CounterTool, EchoTool, FailingTool, SleepTool, boxed_reward, make_task
+from agentenv.envs.testing import CounterTool, EchoTool, FailingTool, SleepTool, boxed_reward
 from agentenv.errors import ConfigError
 from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout import Episode, RolloutConfig, concat_generations, derive_seed, run_episode, run_group
