@@ -66,20 +66,23 @@ class FollowSearchTool:
         chars = None if self.browser.summarizer is not None else self.passage_chars
         outcomes = await asyncio.gather(*(self._open(u, goal, chars) for u in urls))
         pages = split_pages(res.text)
-        blocks, opened, summarized = [], 0, 0
+        blocks, status = [], []
         for i, (url, (body, ok, summ)) in enumerate(zip(urls, outcomes)):
-            summarized += summ
+            status.append("summarized" if summ else "passage" if ok else "error")
             title, snippet = pages[i] if i < len(pages) else ("", "")
             snippet = snippet.removeprefix(url).lstrip("\n")  # `show_url` put it there already
-            if ok:
-                opened += 1
-            else:
+            if not ok:
                 body = f"{snippet}\n(Could not open the page: {body})" if snippet else f"(Could not open the page: {body})"
             blocks.append(f"Page {i + 1}: {title}\n{url}\n{body}")
         for i in range(len(urls), len(pages)):
             title, snippet = pages[i]
             blocks.append(f"Page {i + 1}: {title}\n{snippet}")
-        meta = {**res.metadata, "followed": len(urls), "opened": opened, "summarized": summarized}
+        meta = {
+            **res.metadata,
+            "followed": len(urls),
+            "opened": sum(s != "error" for s in status),
+            "page_status": status,  # per followed url: summarized, passage (no or empty summary), error
+        }
         return ToolResult(text="\n\n".join(blocks), latency_s=time.perf_counter() - t0, metadata=meta)
 
     async def _open(self, url: str, goal: str, chars: int | None) -> tuple[str, bool, bool]:

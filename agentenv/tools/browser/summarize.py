@@ -42,8 +42,12 @@ def summary_request(goal: str, title: str, url: str, passage: str) -> str:
 
 
 def clean_summary(text: str) -> str:
-    """Drop reasoning blocks (`<think>...</think>`) and surrounding whitespace."""
-    return _THINK.sub("", text).strip()
+    """Drop reasoning (`<think>...</think>`, an unclosed `<think>...`, or everything
+    before a lone `</think>` when the chat template opened the block) and outer whitespace."""
+    text = _THINK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    return text.strip()
 
 
 class PolicySummarizer:
@@ -84,7 +88,7 @@ class PolicySummarizer:
                     f"browse.summary_max_tokens ({self.params.max_tokens})"
                 )
             budget = min(budget, room)
-        ids = tok.encode(passage, add_special_tokens=False)
+        ids = _encode(tok, passage)
         if len(ids) > budget:
             passage = tok.decode(ids[:budget], skip_special_tokens=True) + " ..."
         return self._render(goal, title, url, passage)
@@ -99,7 +103,7 @@ class PolicySummarizer:
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = f"{SYSTEM_PROMPT}\n\n{messages[1]['content']}\n\nRelevant information:"
-        return tok.encode(text, add_special_tokens=False)
+        return _encode(tok, text)
 
     async def summarize(self, goal: str, title: str, url: str, passage: str) -> str:
         ids = self.prompt_ids(goal, title, url, passage)
@@ -111,6 +115,14 @@ class PolicySummarizer:
                 "(its server, or whether the prompt fits: lower browse.summary_input_tokens)."
             ) from e
         return clean_summary(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
+
+
+def _encode(tok: Any, text: str) -> list[int]:
+    # verbose=False: a page longer than the model's context is expected here (it is cut next).
+    try:
+        return tok.encode(text, add_special_tokens=False, verbose=False)
+    except TypeError:  # a tokenizer without the HF keyword
+        return tok.encode(text, add_special_tokens=False)
 
 
 class EndpointSummarizer:

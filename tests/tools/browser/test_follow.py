@@ -31,6 +31,7 @@ async def test_follow_opens_the_top_results_and_keeps_the_rest(site, cfg):
     # Page 4 is below top_k: snippet only, never fetched.
     assert pages[3][1] == "Plain notes snippet." and "/plain" not in site.hits
     assert r.metadata["followed"] == 3 and r.metadata["opened"] == 2
+    assert r.metadata["page_status"] == ["passage", "error", "passage"]
     assert len(pages[0][1]) < 800 + 200
     fork = tool.fork()
     assert fork.name == "search" and fork.browser.fetcher is tool.browser.fetcher
@@ -74,7 +75,7 @@ async def test_search_then_browse_with_the_tiny_model_as_summarizer(tiny_path, s
     from agentenv.policies.hf import HFPolicy
 
     policy = HFPolicy.from_pretrained(str(tiny_path), device="cpu")
-    cfg = dataclasses.replace(cfg, summary_max_tokens=48, summary_input_tokens=400)
+    cfg = dataclasses.replace(cfg, summary_max_tokens=16, summary_input_tokens=200)
     browser = BrowserTool(cfg, summarizer=policy)
     tool = FollowSearchTool(SearxngSearchTool(endpoint=site.base, k=4), browser, top_k=3)
     r = await tool("Zephyr observatory launch code")
@@ -83,12 +84,17 @@ async def test_search_then_browse_with_the_tiny_model_as_summarizer(tiny_path, s
     assert r.metadata["followed"] == 3 and r.metadata["opened"] == 2
     pages = split_pages(r.text)
     assert [t for t, _ in pages] == ["Zephyr observatory archive", "Gone page", "Eiffel Tower", "Notes"]
-    tok = policy.tokenizer
-    for i in (0, 2):  # opened: url line, then the model's summary in place of the snippet
-        url, _, body = pages[i][1].partition("\n")
-        assert url.startswith(site.base)
-        if r.metadata["summarized"] == 2:
-            assert len(tok.encode(body, add_special_tokens=False)) <= 48 + 2  # bounded by summary_max_tokens
     assert "HTTP 404" in pages[1][1] and pages[3][1] == "Plain notes snippet."
-    # The model really ran: every opened page got a (non-empty) summary or fell back to its passage.
-    assert policy.stats.finished >= 2
+    status = r.metadata["page_status"]
+    assert status[1] == "error" and status[0] != "error" and status[2] != "error"
+    # The model ran on both opened pages (greedy, so the outcome is fixed for a given model); where
+    # it wrote something, that text replaced the snippet and is bounded by summary_max_tokens.
+    assert policy.stats.finished == 2
+    tok = policy.tokenizer
+    for i in (0, 2):
+        url, _, body = pages[i][1].partition("\n")
+        assert url.startswith(site.base) and body
+        if status[i] == "summarized":
+            assert len(tok.encode(body, add_special_tokens=False)) <= 16 + 2
+        else:  # an empty summary falls back to the selected passage
+            assert "[...]" in body or "Eiffel" in body or "Zephyr" in body

@@ -22,6 +22,7 @@ def test_summary_request_holds_goal_page_and_instructions():
 def test_clean_summary_drops_reasoning():
     assert clean_summary("<think>let me see</think>\n The code is 7731. ") == "The code is 7731."
     assert clean_summary("<think>never closed") == ""
+    assert clean_summary("template opened it</think>\nThe code is 7731.") == "The code is 7731."
 
 
 @pytest.fixture
