@@ -179,7 +179,7 @@ def _sniff(body: bytes) -> Kind:
     sample = body[:8192]
     if not sample or b"\x00" in sample:
         return "binary"
-    if _try(sample, "utf-8") is not None or _try(sample[:-3], "utf-8") is not None:
+    if _try(sample, "utf-8") is not None:
         return "text"
     guess = _detect(sample)
     if guess is None:
@@ -215,8 +215,10 @@ def _codec(name: str | None) -> str | None:
 
 
 def _try(body: bytes, codec: str) -> str | None:
+    """Strict decode, except that an incomplete character at the very end is dropped
+    (a body cut at the size cap, or a sniffing sample, may end mid-character)."""
     try:
-        return body.decode(codec)
+        return codecs.getincrementaldecoder(codec)().decode(body, final=False)
     except (UnicodeDecodeError, LookupError):
         return None
 

@@ -45,7 +45,7 @@ def normalize_url(url: str) -> str:
     if implicit and "." not in u.raw_host and ":" not in u.raw_host:
         # A bare word ("Eiffel") is a search term, not a site: no DNS lookup for it.
         raise PageError("bad_url", f"{given!r} is not a url; give a full address such as https://example.com/page")
-    return str(u)
+    return str(u.with_fragment(None))  # "#section" names a part of the same page (and cache entry)
 
 
 class Fetcher:

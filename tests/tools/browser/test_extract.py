@@ -42,6 +42,14 @@ def test_decode_body(body, declared, expected_codec):
     assert "ł" in text or "René Lefèvre" in text
 
 
+@pytest.mark.parametrize("declared", [None, "utf-8", "iso-8859-1"])
+def test_body_cut_mid_character_still_decodes_as_utf8(declared):
+    body = ("Zürich café " * 100).encode("utf-8")
+    cut = body[: body.index("é".encode()) + 1]  # ends inside "é"
+    text, codec = decode_body(cut, declared)
+    assert codec == "utf-8" and text.endswith("Zürich caf") and "ü" in text
+
+
 def test_meta_charset_is_used_when_the_header_has_none():
     html = '<html><head><meta charset="iso-8859-2"></head><body>Łódź</body></html>'.encode("iso-8859-2")
     text, codec = decode_body(html, None, html=True)

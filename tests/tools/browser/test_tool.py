@@ -111,6 +111,7 @@ async def test_pages_are_cached_across_tools(site, cfg, tmp_path):
     assert (r1.metadata["cache"], r2.metadata["cache"]) == ("miss", "hit")
     assert site.hits["/article"] == 1
     assert "330 metres" in r2.text and r2.metadata["final_url"] == site.url("/article")
+    assert (await a(site.url("/article#History"))).metadata["cache"] == "hit"  # same page
     # Errors are not cached: the next call tries again.
     await a(site.url("/missing"))
     await a(site.url("/missing"))
