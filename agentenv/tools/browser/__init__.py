@@ -6,24 +6,53 @@
 
 Fetching is guarded: only http(s), and only public addresses unless
 `BrowserConfig.allow_hosts` says otherwise.
+
+Only the config loads with the package (config validation must not import
+aiohttp); everything else loads on first attribute access.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from agentenv.tools.browser.config import DEFAULT_PASSAGE_CHARS, BrowserConfig
-from agentenv.tools.browser.fetch import Fetcher, normalize_url
-from agentenv.tools.browser.follow import FollowSearchTool, split_pages
-from agentenv.tools.browser.guard import AddressPolicy, address_kind
-from agentenv.tools.browser.page import Page, PageError, RawPage
-from agentenv.tools.browser.select import Selection, select_passage
-from agentenv.tools.browser.summarize import EndpointSummarizer, PolicySummarizer, Summarizer
-from agentenv.tools.browser.tool import QUERY_FORMAT, BrowserTool, Digest, parse_query
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentenv.tools.browser.tool import BrowserTool
+
+_LAZY = {
+    "AddressPolicy": "agentenv.tools.browser.guard",
+    "address_kind": "agentenv.tools.browser.guard",
+    "BrowserTool": "agentenv.tools.browser.tool",
+    "Digest": "agentenv.tools.browser.tool",
+    "QUERY_FORMAT": "agentenv.tools.browser.tool",
+    "parse_query": "agentenv.tools.browser.tool",
+    "EndpointSummarizer": "agentenv.tools.browser.summarize",
+    "PolicySummarizer": "agentenv.tools.browser.summarize",
+    "Summarizer": "agentenv.tools.browser.summarize",
+    "Fetcher": "agentenv.tools.browser.fetch",
+    "normalize_url": "agentenv.tools.browser.fetch",
+    "FollowSearchTool": "agentenv.tools.browser.follow",
+    "split_pages": "agentenv.tools.browser.follow",
+    "Page": "agentenv.tools.browser.page",
+    "PageError": "agentenv.tools.browser.page",
+    "RawPage": "agentenv.tools.browser.page",
+    "Selection": "agentenv.tools.browser.select",
+    "select_passage": "agentenv.tools.browser.select",
+}
 
 
-def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summarizer: Any = None, **options: Any) -> BrowserTool:
-    """A `BrowserTool` from a config, a dict of its fields, or keyword fields (the `Browser-v0` factory)."""
+def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summarizer: Any = None, **options: Any) -> "BrowserTool":
+    """A `BrowserTool` from a config, a dict of its fields, or keyword fields (the `Browser-v0` factory).
+
+    Args:
+        config: The validated config, or a mapping of its fields.
+        summarizer: A `Summarizer` or a `Policy`; None returns selected passages as they are.
+        **options: Fields of `BrowserConfig` (merged over a mapping `config`).
+    """
+    from agentenv.tools.browser.tool import BrowserTool
+
     if isinstance(config, BrowserConfig):
         if options:
             raise TypeError("pass either a BrowserConfig or keyword options, not both")
@@ -31,26 +60,10 @@ def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summ
     return BrowserTool(BrowserConfig.from_options({**(config or {}), **options}), summarizer=summarizer)
 
 
-__all__ = [
-    "DEFAULT_PASSAGE_CHARS",
-    "QUERY_FORMAT",
-    "AddressPolicy",
-    "BrowserConfig",
-    "BrowserTool",
-    "Digest",
-    "EndpointSummarizer",
-    "Fetcher",
-    "FollowSearchTool",
-    "Page",
-    "PageError",
-    "PolicySummarizer",
-    "RawPage",
-    "Selection",
-    "Summarizer",
-    "address_kind",
-    "make_browser_tool",
-    "normalize_url",
-    "parse_query",
-    "select_passage",
-    "split_pages",
-]
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentenv.tools.browser' has no attribute {name!r}")
+
+
+__all__ = ["DEFAULT_PASSAGE_CHARS", "BrowserConfig", "make_browser_tool", *sorted(_LAZY)]

@@ -186,3 +186,16 @@ def threaded_site():
 async def test_page_error_carries_a_reason():
     e = PageError("timeout", "slow")
     assert e.reason == "timeout" and str(e) == "slow"
+
+
+def test_config_import_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from agentenv.tools.browser import BrowserConfig; BrowserConfig(); "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'trafilatura', 'torch', 'pypdf')]; "
+        "assert not heavy, heavy"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
