@@ -13,6 +13,16 @@ from agentenv.errors import ConfigError
 SandboxMode = Literal["stateless", "session"]
 
 _MiB = 1024 * 1024
+
+DEFAULT_WARMUP = """\
+import numpy as np
+np.linalg.det(np.eye(3)); np.linalg.solve(np.eye(3), np.ones(3)); np.random.default_rng(0).random(3)
+import sympy as sp
+x, y = sp.symbols("x y")
+sp.factor(x**2 - 1); sp.expand((x + y)**3); sp.solve([x + y - 2, x - y], [x, y]); sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)
+sp.integrate(x**2, (x, 0, 1)); sp.diff(sp.exp(x) * x, x); sp.Rational(1, 3) + sp.Rational(1, 6); sp.N(sp.pi, 20)
+sp.isprime(97); sp.factorint(360); sp.Matrix([[1, 2], [3, 4]]).det(); sp.sqrt(8); sp.latex(x**2)
+"""
 _KEY = "python_sandbox"
 
 
@@ -52,6 +62,9 @@ class PythonSandboxConfig:
         max_code_bytes: Longer code is refused before it reaches the sandbox.
         preload: Modules the runner imports once at start, so that a call's
             `import numpy` costs nothing (missing ones are skipped).
+        warmup: Code the runner runs once at start, after `preload` (output
+            dropped, errors ignored), so that a call's first use of common numpy
+            and sympy functions does not pay for their lazy set-up.
         print_last_expr: Print the value of a trailing expression, as a
             notebook does (the ARPO paper's tool does too).
         start_timeout_s: Most time a new container may take to answer.
@@ -79,6 +92,7 @@ class PythonSandboxConfig:
     output_limit_bytes: int = 16 * _MiB
     max_code_bytes: int = 256 * 1024
     preload: tuple[str, ...] = ("numpy", "sympy")
+    warmup: str = DEFAULT_WARMUP
     print_last_expr: bool = True
     start_timeout_s: float = 60.0
     docker_timeout_s: float = 60.0

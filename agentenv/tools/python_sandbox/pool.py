@@ -196,7 +196,8 @@ class _Channel:
             return
         fut = self.pending.pop(reply.get("id"), None)
         if fut is not None and not fut.done():
-            fut.set_result(reply)
+            with contextlib.suppress(concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+                fut.set_result(reply)  # the caller may cancel from its own thread meanwhile
 
     def fail_all(self, why: str) -> None:
         self.closed = True
@@ -209,7 +210,8 @@ class _Channel:
 
 def _set_exc(fut: asyncio.Future | concurrent.futures.Future, exc: BaseException) -> None:
     if not fut.done():
-        fut.set_exception(exc)
+        with contextlib.suppress(concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+            fut.set_exception(exc)
 
 
 class _LoopThread:
@@ -350,7 +352,7 @@ class SandboxPool:
             raise ToolError("the sandbox pool is closed")
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
-            self._idle = asyncio.Queue()
+            self._idle = asyncio.LifoQueue()  # the container used last is the warmest
         async with self._start_lock:
             if self._started:
                 return
@@ -367,7 +369,7 @@ class SandboxPool:
                 for ch in self._channels:
                     ch.fail_all("the sandbox pool failed to start")
                 self._channels = []
-                self._idle = asyncio.Queue()
+                self._idle = asyncio.LifoQueue()  # the container used last is the warmest
                 await self._blocking(self._remove_containers_blocking)
                 err = errors[0]
                 raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
@@ -412,7 +414,7 @@ class SandboxPool:
         )
         created = self._client.api.create_container(
             cfg.image,
-            command=["python3", "-I", "-c", self._runner_src, *cfg.preload],
+            command=["python3", "-I", "-c", self._runner_src, json.dumps({"preload": cfg.preload, "warmup": cfg.warmup})],
             user=cfg.user,
             stdin_open=True,
             tty=False,

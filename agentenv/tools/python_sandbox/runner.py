@@ -1,7 +1,8 @@
 """The runner: PID 1 of every sandbox container. Standard library only.
 
-The host starts it as `python3 -I -c <this file's source> [module ...]` (the
-modules are imported once, so forked calls share them). It speaks one JSON
+The host starts it as `python3 -I -c <this file's source> '{"preload": [...],
+"warmup": "..."}'` (modules imported and warm-up code run once, so forked
+calls share them). It speaks one JSON
 object per line over stdin/stdout (the docker attach stream). JSON is written
 with `ensure_ascii`, so the stream never holds a control byte that docker
 could read as its detach keys.
@@ -26,6 +27,7 @@ import ast
 import builtins
 import errno
 import fcntl
+import gc
 import io
 import json
 import linecache
@@ -281,6 +283,12 @@ def reap_children():
             return
 
 
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def read_all(fd):
     chunks = []
     while True:
@@ -391,6 +399,8 @@ class Run:
         self.fds = {}  # read end -> Capture
         self.pid = None
         self.killed = None  # "timeout" | "output"
+        self.status = b""  # the child's {"exit", "error"} as read so far
+        self.status_fd = None
         self.kill_time = None
         self.oom0 = oom_kills()
         self.dir = None
@@ -428,6 +438,14 @@ class Run:
         }
 
 
+class Standby:
+    """A stateless call's process forked ahead of time, waiting for its request on `req_w`."""
+
+    def __init__(self, pid, cwd, req_w, out_r, err_r, status_r):
+        self.pid, self.dir = pid, cwd
+        self.req_w, self.out_r, self.err_r, self.status_r = req_w, out_r, err_r, status_r
+
+
 class Session:
     def __init__(self, sid, ctrl, head, cwd):
         self.sid = sid
@@ -454,6 +472,8 @@ class Runner:
         self.pipes = {}  # fd -> Run
         self.inbuf = bytearray()
         self.sweep_at = None
+        self.standby = None  # the next stateless call's process, forked ahead
+        self.standby_n = 0
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -495,6 +515,8 @@ class Runner:
                         self.on_wake()
                     elif kind == "pipe":
                         self.on_pipe(key.fd, obj)
+                    elif kind == "status":
+                        self.on_status(obj)
                     elif kind == "ctrl":
                         self.on_ctrl(obj)
                 except Exception:  # a bug must not take PID 1 (and the container) down
@@ -597,7 +619,7 @@ class Runner:
 
     # -- stateless calls ----------------------------------------------------
 
-    def fork_child(self, keep):
+    def fork_child(self):
         try:
             return os.fork()
         except BlockingIOError:  # pids limit: leftovers of an earlier call; kill them and retry once
@@ -610,14 +632,38 @@ class Runner:
         """stdout and stderr pipes of `run`; returns their write ends for the child."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        self.watch_pipes(run, out_r, err_r)
+        return out_w, err_w
+
+    def watch_pipes(self, run, out_r, err_r):
         run.fds = {out_r: run.out, err_r: run.err}
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ, ("pipe", run))
             self.pipes[fd] = run
-        return out_w, err_w
+
+    def watch_status(self, run, status_r):
+        """The child writes {"exit", "error"} here once its output is flushed; the call
+        is answered then, while the process is still tearing its memory down."""
+        run.status_fd = status_r
+        os.set_blocking(status_r, False)
+        self.sel.register(status_r, selectors.EVENT_READ, ("status", run))
 
     def start_job(self, req):
+        sb = self.take_standby()
+        if sb is not None:
+            run = Run(req, None)
+            run.pid, run.dir = sb.pid, sb.dir
+            self.watch_pipes(run, sb.out_r, sb.err_r)
+            self.watch_status(run, sb.status_r)
+            self.jobs[run.pid] = run
+            data = json.dumps({"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")})
+            try:
+                write_all(sb.req_w, data.encode())
+            except OSError:
+                pass  # it died meanwhile: its exit status answers the call
+            os.close(sb.req_w)
+            return
         cwd = os.path.join(WORK, "job-%s" % req["id"])
         os.makedirs(cwd, exist_ok=True)
         run = Run(req, None)
@@ -625,7 +671,7 @@ class Runner:
         run.dir = cwd
         status_r, status_w = os.pipe()
         try:
-            pid = self.fork_child((out_w, err_w, status_w))
+            pid = self.fork_child()
         except OSError as e:
             for fd in (out_w, err_w, status_r, status_w):
                 os.close(fd)
@@ -639,45 +685,120 @@ class Runner:
         os.close(err_w)
         os.close(status_w)
         run.pid = pid
-        run.status_fd = status_r
+        self.watch_status(run, status_r)
         self.jobs[pid] = run
 
-    def job_child(self, req, cwd, out_w, err_w, status_w):
+    def job_child(self, req, cwd, out_w, err_w, status_w, req_r=None):
+        """A stateless call's process. With `req_r` it is a standby: forked ahead of
+        time, it waits for its call on that pipe."""
+        exit_code = 70
         try:
             os.setsid()
-            child_init((out_w, err_w, status_w), cwd)
+            keep = (out_w, err_w, status_w) + ((req_r,) if req_r is not None else ())
+            child_init(keep, cwd)
+            if req_r is not None:
+                req = json.loads(read_all(req_r))
             limit_address_space(req.get("limits"))
             attach_stdio(out_w, err_w)
             os.close(out_w)
             os.close(err_w)
             exit_code, error = run_cell(req["code"], fresh_ns(), req.get("print_last", True))
             detach_stdio()
-            os.write(status_w, json.dumps({"error": error}).encode())
+            os.write(status_w, json.dumps({"exit": exit_code, "error": error}).encode())
         except BaseException:
-            exit_code = 70
-        os._exit(exit_code & 0xFF if exit_code is not None else 0)
+            pass
+        os._exit(exit_code & 0xFF if isinstance(exit_code, int) else 1)
 
-    def finish_job(self, run, status):
+    def make_standby(self):
+        """Forks the next stateless call's process now, so a call does not wait for a fork."""
+        if self.standby is not None or self.sessions:
+            return
+        self.standby_n += 1
+        cwd = os.path.join(WORK, "job-w%d" % self.standby_n)
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        try:
+            fcntl.fcntl(req_w, F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass
+        try:
+            os.makedirs(cwd, exist_ok=True)
+            pid = os.fork()
+        except OSError:
+            for fd in (req_r, req_w, out_r, out_w, err_r, err_w, status_r, status_w):
+                os.close(fd)
+            return
+        if pid == 0:
+            self.job_child(None, cwd, out_w, err_w, status_w, req_r=req_r)
+        for fd in (req_r, out_w, err_w, status_w):
+            os.close(fd)
+        self.standby = Standby(pid, cwd, req_w, out_r, err_r, status_r)
+
+    def take_standby(self):
+        sb, self.standby = self.standby, None
+        return sb
+
+    def drop_standby(self):
+        sb = self.take_standby()
+        if sb is None:
+            return
+        try:
+            os.kill(sb.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for fd in (sb.req_w, sb.out_r, sb.err_r, sb.status_r):
+            os.close(fd)
+        shutil.rmtree(sb.dir, ignore_errors=True)
+
+    def on_status(self, run):
+        try:
+            data = os.read(run.status_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # died without a word: its exit status (reap) answers the call
+            self.close_status(run)
+            return
+        run.status += data
+        try:
+            status = json.loads(run.status)
+        except ValueError:
+            return  # not all of it yet
+        if self.jobs.get(run.pid) is run:
+            self.finish_job(run, status.get("exit"), None, status.get("error"))
+
+    def close_status(self, run):
+        fd, run.status_fd = run.status_fd, None
+        if fd is not None:
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(fd)
+
+    def finish_job(self, run, exit_code, sig, error=None):
+        """Answers a stateless call (once), kills what it left, readies the next process."""
         self.jobs.pop(run.pid, None)
+        if run.status_fd is not None and error is None and not run.status:
+            try:
+                run.status += os.read(run.status_fd, 1 << 16)  # reaped before its status was read
+                error = json.loads(run.status).get("error")
+            except (OSError, ValueError):
+                pass
+        self.close_status(run)
         try:
             os.killpg(run.pid, signal.SIGKILL)  # whatever the call left running in its group
         except OSError:
             pass
         self.drain(run)
-        error = None
-        try:
-            os.set_blocking(run.status_fd, False)
-            data = os.read(run.status_fd, 1 << 16)
-            if data:
-                error = json.loads(data).get("error")
-        except (OSError, ValueError):
-            pass
-        os.close(run.status_fd)
-        exit_code, sig = decode_status(status)
         self.settle()  # before the reply: the next call must find no leftovers of this one
         self.send(run.reply(exit_code, sig, error))
         shutil.rmtree(run.dir, ignore_errors=True)
         self.clean_workdir()
+        self.make_standby()
 
     # -- sessions -----------------------------------------------------------
 
@@ -690,7 +811,7 @@ class Runner:
         os.makedirs(cwd, exist_ok=True)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = self.fork_child((theirs.fileno(),))
+            pid = self.fork_child()
         except OSError as e:
             mine.close()
             theirs.close()
@@ -922,6 +1043,7 @@ class Runner:
         every process but us at once (kill(-1) cannot race with a fork bomb's forks)."""
         run.kill(why)
         if run.sid is None and not self.sessions and set(self.jobs) <= {run.pid}:
+            self.drop_standby()
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
@@ -992,17 +1114,24 @@ class Runner:
                 return
             run = self.jobs.get(pid)
             if run is not None:
-                self.finish_job(run, status)
+                self.finish_job(run, *decode_status(status))
+            elif self.standby is not None and pid == self.standby.pid:
+                self.drop_standby()
 
     def settle(self, budget=1.0):
         """Sweeps until no stray is left alive (killed processes need CPU time to exit
         and a throttled container may not give it at once), for at most `budget` s."""
         end = time.monotonic() + budget
         if not self.jobs and not self.sessions:
+            # Nothing may live: everything but us is a stray. kill(-1) reaches every
+            # process, one that is being forked too, so there is nothing to wait for.
+            self.drop_standby()
             try:
-                os.kill(-1, signal.SIGKILL)  # nothing may live: everything but us is a stray
+                os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
+            self.sweep()
+            return
         while self.sweep() and time.monotonic() < end:
             time.sleep(0.005)
             self.reap()
@@ -1024,7 +1153,7 @@ class Runner:
                 continue
         me = os.getpid()
         roots = set(self.jobs)  # their descendants may live
-        heads = set()
+        heads = {self.standby.pid} if self.standby is not None else set()
         for s in list(self.sessions.values()):
             # Heads change hands by message: read them first, so a cell that just became
             # its session's head (and an orphan) is not taken for a stray.
@@ -1057,6 +1186,8 @@ class Runner:
 
     def clean_workdir(self):
         keep = {os.path.basename(s.dir) for s in self.sessions.values()}
+        if self.standby is not None:
+            keep.add(os.path.basename(self.standby.dir))
         keep |= {os.path.basename(r.dir) for r in self.jobs.values() if r.dir}
         try:
             names = os.listdir(WORK)
@@ -1093,11 +1224,30 @@ def set_not_dumpable():
         pass
 
 
+def warm_up(code):
+    """Runs `code` once (output dropped, errors ignored) so that forked calls find
+    lazily built tables and caches (sympy's above all) already made."""
+    if not code:
+        return
+    null = open(os.devnull, "w")
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = null
+    try:
+        exec(compile(code, "<warmup>", "exec"), fresh_ns())
+    except BaseException:
+        pass
+    finally:
+        sys.stdout, sys.stderr = saved
+        null.close()
+
+
 def main(argv):
+    """argv: one JSON object {"preload": [module, ...], "warmup": code}."""
     set_not_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores default-action signals from inside
+    opts = json.loads(argv[0]) if argv else {}
     preloaded = []
-    for mod in argv:
+    for mod in opts.get("preload", []):
         try:
             __import__(mod)
             preloaded.append(mod)
@@ -1105,6 +1255,11 @@ def main(argv):
             pass
     os.makedirs(WORK, exist_ok=True)
     os.chdir(WORK)
+    warm_up(opts.get("warmup"))
+    # Forked calls share these pages; frozen objects are never scanned by a
+    # child's garbage collector, so a child does not copy the pages they live on.
+    gc.collect()
+    gc.freeze()
     Runner(preloaded).serve()
 
 

@@ -22,17 +22,25 @@ async def timed(tool: PythonTool, code: str):
     return result, time.monotonic() - t0
 
 
+# Prints the processes of the container that are alive (not the runner, not this call),
+# leaving out the dying: zombies, exiting (PF_EXITING) or with SIGKILL pending.
+LIVE_PROCESSES = """
+import os
+def dying(p):
+    try:
+        stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()
+        status = dict(l.split(':', 1) for l in open(f'/proc/{p}/status') if ':' in l)
+    except OSError:
+        return True
+    pending = int(status['SigPnd'], 16) | int(status['ShdPnd'], 16)
+    return stat[0] in 'ZX' or int(stat[6]) & 0x4 or pending & (1 << 8)
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid()) and not dying(p)))
+"""
+
+
 async def assert_serving(tool: PythonTool, container: str | None = None) -> None:
     """The pool answers a normal call, on the same container when given, with no stray process."""
-    r = await tool(
-        "import os\n"
-        "def state(p):\n"
-        "    try:\n"
-        "        return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
-        "    except OSError:\n"
-        "        return 'gone'\n"
-        "print(sorted((p, state(p)) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())))"
-    )
+    r = await tool(LIVE_PROCESSES)
     assert r.ok, r
     assert r.text == "[]", f"processes outlived their call: {r.text}"
     if container is not None:
