@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from agentenv.algorithms import get_algorithm
+from agentenv.algorithms.arpo.tree import group_generated_tokens
 from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
 from agentenv.training import checkpoint as ckpt
@@ -233,7 +234,8 @@ class Trainer:
             "reward": sum(t.reward for t in trajs),
             "correct": float(sum(bool(t.info.get("correct")) for t in trajs)),
             "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
-            "gen_tokens": float(sum(t.num_policy_tokens for t in trajs)),
+            # tokens the sampler generated: a tree's shared prefixes count once
+            "gen_tokens": float(sum(group_generated_tokens(g) for g in groups)),
             "failed": float(sum(t.failed for t in trajs)),
             "entropy_sum": float(ent.sum()) if ent.numel() else 0.0,
             "entropy_n": float(ent.numel()),
