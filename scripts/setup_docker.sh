@@ -43,7 +43,7 @@ fi
 if $SUDO docker info >/dev/null 2>&1; then
   log "a Docker daemon already answers; leaving it as it is"
 else
-  if pgrep -x dockerd >/dev/null 2>&1; then
+  if command -v pgrep >/dev/null 2>&1 && pgrep -x dockerd >/dev/null 2>&1; then
     log "dockerd is running but does not answer yet; waiting for it"
   else
     log "starting dockerd --bridge=none --iptables=false (log: $LOG_FILE)"
