@@ -474,6 +474,7 @@ class Runner:
         self.sweep_at = None
         self.standby = None  # the next stateless call's process, forked ahead
         self.standby_n = 0
+        self.helpers = set()  # our own short-lived processes (code writers): never strays
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -877,14 +878,16 @@ class Runner:
             while view:
                 view = view[os.write(w, view) :]
         except BlockingIOError:
-            # Bigger than the pipe can hold: a writer child finishes the job.
-            if os.fork() == 0:
+            # Bigger than the pipe holds: a helper process writes the rest as the head reads.
+            pid = os.fork()
+            if pid == 0:
                 close_fds_except((w,))
                 os.set_blocking(w, True)
                 try:
-                    os.write(w, view)
+                    write_all(w, view)
                 finally:
                     os._exit(0)
+            self.helpers.add(pid)
         os.close(w)
         return r
 
@@ -1112,6 +1115,7 @@ class Runner:
                 return
             if pid == 0:
                 return
+            self.helpers.discard(pid)
             run = self.jobs.get(pid)
             if run is not None:
                 self.finish_job(run, *decode_status(status))
@@ -1153,7 +1157,9 @@ class Runner:
                 continue
         me = os.getpid()
         roots = set(self.jobs)  # their descendants may live
-        heads = {self.standby.pid} if self.standby is not None else set()
+        heads = set(self.helpers)
+        if self.standby is not None:
+            heads.add(self.standby.pid)
         for s in list(self.sessions.values()):
             # Heads change hands by message: read them first, so a cell that just became
             # its session's head (and an orphan) is not taken for a stray.

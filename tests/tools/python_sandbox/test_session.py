@@ -181,3 +181,14 @@ async def test_prototype_called_directly_keeps_its_own_session(session_pool):
         await twin.aclose()
     finally:
         await tool.aclose()
+
+
+async def test_code_bigger_than_a_pipe_reaches_the_session(session_pool):
+    session = await session_pool.open_session()
+    try:
+        r = await session.run("x = '" + "a" * 1_500_000 + "'\nprint(len(x))")  # > the 1 MiB pipe
+        assert r.ok and r.stdout == "1500000\n"
+        r = await session.run("print(len(x) + 1)")
+        assert r.stdout == "1500001\n"
+    finally:
+        await session.aclose()
