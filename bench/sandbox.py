@@ -31,11 +31,7 @@ from agentenv.tools.python_sandbox._docker import docker_client, require_image
 from agentenv.tools.python_sandbox.pool import _owner_id
 
 PRINT1 = "print(1)"
-HEAVY = (
-    "import numpy as np, sympy as sp\n"
-    "x = sp.Symbol('x')\n"
-    "print(np.linalg.det(np.eye(3) * 2), sp.factor(x**2 - 1))"
-)
+HEAVY = "import numpy as np, sympy as sp\nx = sp.Symbol('x')\nprint(np.linalg.det(np.eye(3) * 2), sp.factor(x**2 - 1))"
 HEAVY_OUT = "7.999999999999998 (x - 1)*(x + 1)\n"
 
 

@@ -19,7 +19,8 @@ import numpy as np
 np.linalg.det(np.eye(3)); np.linalg.solve(np.eye(3), np.ones(3)); np.random.default_rng(0).random(3)
 import sympy as sp
 x, y = sp.symbols("x y")
-sp.factor(x**2 - 1); sp.expand((x + y)**3); sp.solve([x + y - 2, x - y], [x, y]); sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)
+sp.factor(x**2 - 1); sp.expand((x + y)**3); sp.solve([x + y - 2, x - y], [x, y])
+sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)
 sp.integrate(x**2, (x, 0, 1)); sp.diff(sp.exp(x) * x, x); sp.Rational(1, 3) + sp.Rational(1, 6); sp.N(sp.pi, 20)
 sp.isprime(97); sp.factorint(360); sp.Matrix([[1, 2], [3, 4]]).det(); sp.sqrt(8); sp.latex(x**2)
 """
@@ -121,7 +122,9 @@ class PythonSandboxConfig:
                 f"{_KEY}.address_space_factor", f"must be 0 (off) or >= 1, got {self.address_space_factor!r}"
             )
         if self.output_head_bytes + self.output_tail_bytes == 0:
-            raise ConfigError(f"{_KEY}.output_head_bytes", "output_head_bytes + output_tail_bytes must be > 0, got 0 + 0")
+            raise ConfigError(
+                f"{_KEY}.output_head_bytes", "output_head_bytes + output_tail_bytes must be > 0, got 0 + 0"
+            )
         cut = self.output_head_bytes + self.output_tail_bytes
         if self.output_limit_bytes < cut:
             raise ConfigError(
@@ -131,7 +134,7 @@ class PythonSandboxConfig:
         if self.workdir_size_mb >= self.memory_mb:
             raise ConfigError(
                 f"{_KEY}.workdir_size_mb",
-                f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",
+                f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",  # noqa: E501
             )
         if not re.fullmatch(r"\d+:\d+", str(self.user)) or self.user.split(":")[0] == "0":
             raise ConfigError(f"{_KEY}.user", f"must be a non-root 'uid:gid' pair, got {self.user!r}")

@@ -62,7 +62,9 @@ def build_image(cfg: PythonSandboxConfig | None = None, *, log: Callable[[str], 
 
 def _try_pull(client: Any, cfg: PythonSandboxConfig, log: Callable[[str], None]) -> bool:
     """Pulls `cfg.pull_image` in a thread so a hung registry costs at most pull_timeout_s."""
-    repo, _, tag = cfg.pull_image.rpartition(":") if ":" in cfg.pull_image.split("/")[-1] else (cfg.pull_image, "", "latest")
+    repo, _, tag = (
+        cfg.pull_image.rpartition(":") if ":" in cfg.pull_image.split("/")[-1] else (cfg.pull_image, "", "latest")
+    )
     log(f"pulling {repo}:{tag} (at most {cfg.pull_timeout_s:.0f} s)...")
     outcome: dict[str, Any] = {}
 
@@ -92,7 +94,9 @@ def _debootstrap_build(client: Any, cfg: PythonSandboxConfig, log: Callable[[str
             "apt-get install -y debootstrap, then run `agentenv sandbox build` again"
         )
     if os.geteuid() != 0:
-        raise ToolError(f"building sandbox image {cfg.image!r} with debootstrap needs root: run `sudo agentenv sandbox build`")
+        raise ToolError(
+            f"building sandbox image {cfg.image!r} with debootstrap needs root: run `sudo agentenv sandbox build`"
+        )
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="agentenv-sandbox-") as tmp:
         root = Path(tmp) / "rootfs"

@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -360,7 +359,9 @@ class SandboxPool:
             self._client = await self._blocking(docker_client, cfg.docker_timeout_s)
             await self._blocking(require_image, self._client, cfg.image)
             await self._blocking(self._remove_orphans)
-            channels = await asyncio.gather(*(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True)
+            channels = await asyncio.gather(
+                *(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True
+            )
             errors = [c for c in channels if isinstance(c, BaseException)]
             for ch in channels:
                 if isinstance(ch, _Channel):
@@ -414,7 +415,13 @@ class SandboxPool:
         )
         created = self._client.api.create_container(
             cfg.image,
-            command=["python3", "-I", "-c", self._runner_src, json.dumps({"preload": cfg.preload, "warmup": cfg.warmup})],
+            command=[
+                "python3",
+                "-I",
+                "-c",
+                self._runner_src,
+                json.dumps({"preload": cfg.preload, "warmup": cfg.warmup}),
+            ],
             user=cfg.user,
             stdin_open=True,
             tty=False,
@@ -462,8 +469,9 @@ class SandboxPool:
         except (asyncio.TimeoutError, _ChannelClosed) as e:
             tail = ch.stderr_tail.decode("utf-8", "replace").strip()
             await self._blocking(self._remove_blocking, cid)
+            why = f"{type(e).__name__}: {tail[-800:] or 'no output'}"
             raise ToolError(
-                f"sandbox container {cid[:12]} did not start its runner ({type(e).__name__}): {tail[-800:] or 'no output'}; "
+                f"sandbox container {cid[:12]} did not start its runner ({why}); "
                 f"is {self.config.image!r} an image with python3? rebuild it with `agentenv sandbox build`"
             ) from e
         log.debug("sandbox container %s ready: %s", ch.short, hello)
@@ -517,7 +525,10 @@ class SandboxPool:
             reply = await asyncio.wait_for(asyncio.shield(fut), timeout + _GUARD_S)
         except asyncio.TimeoutError:
             self._replace(ch)
-            return ExecResult(error=f"the sandbox did not answer within {timeout + _GUARD_S:.0f} s and was restarted", container=ch.short)
+            return ExecResult(
+                error=f"the sandbox did not answer within {timeout + _GUARD_S:.0f} s and was restarted",
+                container=ch.short,
+            )
         except _ChannelClosed:
             self._replace(ch)
             return ExecResult(error="the sandbox container died during the call and was restarted", container=ch.short)
@@ -526,7 +537,11 @@ class SandboxPool:
             fut.add_done_callback(lambda f: self._release(ch))
             raise
         self._release(ch)
-        return ExecResult.from_reply(reply, ch.short) if reply.get("ok") else ExecResult(error=reply.get("fail"), container=ch.short)
+        return (
+            ExecResult.from_reply(reply, ch.short)
+            if reply.get("ok")
+            else ExecResult(error=reply.get("fail"), container=ch.short)
+        )
 
     def _release(self, ch: _Channel) -> None:
         if ch.closed:
@@ -614,7 +629,9 @@ class SandboxSession:
     submitted and before any later one.
     """
 
-    def __init__(self, pool: SandboxPool, channel: _Channel, sid: str, created: concurrent.futures.Future | None = None):
+    def __init__(
+        self, pool: SandboxPool, channel: _Channel, sid: str, created: concurrent.futures.Future | None = None
+    ):
         self.pool = pool
         self.channel = channel
         self.sid = sid

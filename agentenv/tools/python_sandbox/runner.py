@@ -25,7 +25,6 @@ processes that outlive their call ("sweep").
 
 import ast
 import builtins
-import errno
 import fcntl
 import gc
 import io
@@ -151,7 +150,10 @@ class Capture:
 
 def oom_kills():
     """The container's OOM-kill counter (cgroup v1 or v2), or None."""
-    for path, key in (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")):
+    for path, key in (
+        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+        ("/sys/fs/cgroup/memory.events", "oom_kill"),
+    ):
         try:
             with open(path) as f:
                 for line in f:
@@ -312,7 +314,9 @@ def head_cell(ctrl, cwd, ns, msg, fds):
     except OSError as e:
         for fd in (out_fd, err_fd, commit_r, commit_w):
             os.close(fd)
-        send_msg(ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "error": short("could not start the cell: %s" % e)})
+        send_msg(
+            ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "error": short("could not start the cell: %s" % e)}
+        )
         return ctrl, cwd
     if pid == 0:
         os.close(commit_r)
@@ -328,7 +332,10 @@ def head_cell(ctrl, cwd, ns, msg, fds):
             pass
         # "done" before the commit: once the old head exits we are an orphan, and the
         # runner's sweep must already be able to read that we are the head.
-        send_msg(ctrl, {"t": "done", "rid": rid, "head": os.getpid(), "exit": exit_code, "error": error, "pgid": os.getpgid(0)})
+        send_msg(
+            ctrl,
+            {"t": "done", "rid": rid, "head": os.getpid(), "exit": exit_code, "error": error, "pgid": os.getpgid(0)},
+        )
         try:
             os.write(commit_w, b"c")
         except OSError:
@@ -658,7 +665,9 @@ class Runner:
             self.watch_pipes(run, sb.out_r, sb.err_r)
             self.watch_status(run, sb.status_r)
             self.jobs[run.pid] = run
-            data = json.dumps({"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")})
+            data = json.dumps(
+                {"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")}
+            )
             try:
                 write_all(sb.req_w, data.encode())
             except OSError:
@@ -849,7 +858,11 @@ class Runner:
             code_r = self.code_pipe(req["code"].encode("utf-8", "surrogatepass"))
             s.cell = run
             try:
-                send_msg(s.ctrl, {"t": "run", "rid": run.id, "print_last": req.get("print_last", True)}, (code_r, out_w, err_w))
+                send_msg(
+                    s.ctrl,
+                    {"t": "run", "rid": run.id, "print_last": req.get("print_last", True)},
+                    (code_r, out_w, err_w),
+                )
             except OSError as e:
                 self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
             finally:
@@ -1091,7 +1104,9 @@ class Runner:
                 # The cell's head did not report within 1.5 s of the kill: the session is gone.
                 s = self.sessions.get(run.sid)
                 if s is not None and s.cell is run:
-                    self.lose_session(s, "session lost: it did not recover after the call was stopped (%s)" % run.killed)
+                    self.lose_session(
+                        s, "session lost: it did not recover after the call was stopped (%s)" % run.killed
+                    )
             elif run.kill_time is not None and now >= run.kill_time + 1.5:
                 run.kill(run.killed)
                 run.kill_time = now

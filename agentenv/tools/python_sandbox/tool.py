@@ -175,5 +175,7 @@ def make_python_tool(cfg: PythonSandboxConfig | Mapping[str, Any] | None = None,
     if cfg is None or isinstance(cfg, Mapping):
         cfg = PythonSandboxConfig.from_dict({**(cfg or {}), **options})
     elif options:
-        raise TypeError(f"make_python_tool got a PythonSandboxConfig and options {sorted(options)}; pass one or the other")
+        raise TypeError(
+            f"make_python_tool got a PythonSandboxConfig and options {sorted(options)}; pass one or the other"
+        )
     return PythonTool(cfg)

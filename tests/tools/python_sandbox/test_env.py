@@ -30,7 +30,9 @@ def test_make_and_step_in_session_mode(sandbox_image):
     try:
         assert isinstance(base, ToolEnv) and isinstance(base.tool, PythonTool) and base.tool.mode == "session"
         base.reset(seed=0)
-        obs, reward, terminated, truncated, info = base.step(tok.encode("x = 6\nprint(x * 7)", add_special_tokens=False))
+        obs, reward, terminated, truncated, info = base.step(
+            tok.encode("x = 6\nprint(x * 7)", add_special_tokens=False)
+        )
         assert tok.decode(obs) == "<result>\n42\n</result>" and info["ok"] and reward == 0.0
         twin = base.fork()
         base.step(tok.encode("x = 0", add_special_tokens=False))

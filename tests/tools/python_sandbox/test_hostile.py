@@ -4,7 +4,6 @@ error result within timeout + 2 s, and the same warm container keeps serving."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -98,7 +97,7 @@ async def test_fork_bomb(py):
 
 async def test_setsid_fork_bomb(py):
     # Children leave the process group (setsid), so only the sweep can find them.
-    code = "import os\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n    except OSError:\n        pass"
+    code = "import os\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n    except OSError:\n        pass"  # noqa: E501
     r, dt = await timed(py, code)
     assert not r.ok and r.metadata["timed_out"]
     assert dt < BUDGET_S
@@ -260,7 +259,9 @@ async def test_sys_exit(py):
 
 
 async def test_numpy_and_sympy_are_there(py):
-    r = await py("import numpy as np, sympy as sp\nx = sp.Symbol('x')\nprint(np.arange(4).sum(), sp.solve(x**2 - 4, x))")
+    r = await py(
+        "import numpy as np, sympy as sp\nx = sp.Symbol('x')\nprint(np.arange(4).sum(), sp.solve(x**2 - 4, x))"
+    )
     assert r.ok and r.text == "6 [-2, 2]"
 
 

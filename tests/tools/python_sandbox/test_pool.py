@@ -26,7 +26,9 @@ def labelled(client) -> set[str]:
 def run_child(body: str) -> list[str]:
     """Runs `body` in a fresh interpreter; returns the container ids it printed."""
     code = "import asyncio, os, signal\nfrom agentenv.tools.python_sandbox import SandboxPool, PythonSandboxConfig\n"
-    out = subprocess.run([sys.executable, "-c", code + textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code + textwrap.dedent(body)], capture_output=True, text=True, timeout=120
+    )
     ids = [line for line in out.stdout.split() if len(line) == 64]
     assert ids, out.stdout + out.stderr
     return ids
@@ -72,7 +74,9 @@ async def test_start_removes_what_a_crashed_run_left(docker_client, sandbox_imag
     """)
     assert set(ids) <= labelled(docker_client)
     # A container whose owner is alive (this process) must survive the cleanup.
-    alive = docker_client.api.create_container(sandbox_image, command=["true"], labels={LABEL: "1", f"{LABEL}.owner": _owner_id()})["Id"]
+    alive = docker_client.api.create_container(
+        sandbox_image, command=["true"], labels={LABEL: "1", f"{LABEL}.owner": _owner_id()}
+    )["Id"]
     pool = SandboxPool(PythonSandboxConfig(pool_size=1))
     try:
         await pool.start()

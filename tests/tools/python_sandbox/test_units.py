@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean_code, to_tool_result
-from agentenv.tools.python_sandbox import runner
+from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean_code, runner, to_tool_result
 
 
 @pytest.mark.parametrize(
@@ -19,7 +18,11 @@ from agentenv.tools.python_sandbox import runner
         ({"pool_size": 0}, "pool_size", "0"),
         ({"timeout_s": -1}, "timeout_s", "-1"),
         ({"memory_mb": 512, "workdir_size_mb": 600}, "workdir_size_mb", "600 MiB must be below memory_mb 512"),
-        ({"output_limit_bytes": 100}, "output_limit_bytes", "100 must be >= output_head_bytes + output_tail_bytes = 8192"),
+        (
+            {"output_limit_bytes": 100},
+            "output_limit_bytes",
+            "100 must be >= output_head_bytes + output_tail_bytes = 8192",
+        ),
         ({"user": "0:0"}, "user", "'0:0'"),
         ({"preload": ["numpy", "os; rm"]}, "preload", "'os; rm'"),
         ({"address_space_factor": 0.5}, "address_space_factor", "0.5"),
