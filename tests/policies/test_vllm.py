@@ -213,6 +213,9 @@ def test_stop_string_keeps_its_tokens_like_hf(policy, hf_policy, served):
     assert stop in policy.tokenizer.decode(ours.token_ids)
     np.testing.assert_allclose(ours.logprobs, ref.logprobs[:7], atol=1e-6)
     np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=TOL)
+    exact = policy.generate_sync(prompt, params, entropy_mode="exact")
+    assert exact.token_ids == first7 and exact.stop_string == stop
+    np.testing.assert_allclose(exact.entropies, theirs.entropies, atol=TOL)
 
 
 def test_eos_finish_like_hf(policy, hf_policy, served):
