@@ -648,7 +648,8 @@ class VLLMPolicy:
         """Counters since start (or `reset_metrics`).
 
         `prefix_cache_hit_rate` is the share of prompt tokens whose KV came from
-        the prefix cache (vLLM's per-request `num_cached_tokens`).
+        the prefix cache (vLLM's per-request `num_cached_tokens`), over finished
+        requests; `unfinished_requests` is what the engine holds right now.
         """
         c = self._counters
         return {
@@ -658,6 +659,7 @@ class VLLMPolicy:
             "cached_prompt_tokens": float(c.cached_prompt_tokens),
             "generated_tokens": float(c.generated_tokens),
             "weight_updates": float(c.weight_updates),
+            "unfinished_requests": float(self._engine.get_num_unfinished_requests()) if not self._closed else 0.0,
         }
 
     def reset_metrics(self) -> None:

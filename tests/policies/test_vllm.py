@@ -242,6 +242,25 @@ async def test_short_request_does_not_wait_for_a_long_one(policy):
         assert long not in done
 
 
+async def test_cancelled_generate_aborts_its_request(policy):
+    """A rollout timeout cancels `generate`; the engine must drop the request, not finish it."""
+    task = asyncio.ensure_future(policy.generate(policy.tokenizer.encode("the lazy dog"), SamplingParams(max_tokens=900)))
+    await asyncio.sleep(0.5)
+    if task.done():
+        pytest.skip("the request ended (EOS) before it could be cancelled")
+    assert policy.metrics()["unfinished_requests"] == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if policy.metrics()["unfinished_requests"] == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert policy.metrics()["unfinished_requests"] == 0
+    g = await policy.generate([5, 6, 7], SamplingParams(max_tokens=3))  # still serving
+    assert len(g.token_ids) >= 1
+
+
 async def test_generate_sync_refuses_inside_a_loop(policy):
     with pytest.raises(RuntimeError, match="event loop"):
         policy.generate_sync([5, 6, 7], SamplingParams(max_tokens=2))
