@@ -623,6 +623,10 @@ class VLLMPolicy:
         Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped.
         Blocks the calling thread (the engine runs on its own event loop, so
         calling it from inside a running loop cannot deadlock).
+
+        The tensors travel through host memory (safetensors bytes over the
+        engine's RPC), which works for every device and tensor-parallel size;
+        each worker holds a host copy of the full weights until the commit.
         """
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
