@@ -9,6 +9,14 @@ from agentenv.bench.stats import curve, mean_curve
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.runner import Probe, RunResult
+    from agentenv.bench.stats import PositionEntropy
+
+# positions reached by fewer segments than this are not drawn (a mean of one or two is noise)
+MIN_SEGMENTS = 3
+
+
+def _masked_mean(pe: "PositionEntropy") -> list[float]:
+    return [m if c >= MIN_SEGMENTS else float("nan") for m, c in zip(pe.mean, pe.counts)]
 
 
 def _figure(width: float = 6.4, height: float = 4.0):
@@ -46,6 +54,9 @@ def plot_metric_curves(runs: Sequence["RunResult"], key: str, ylabel: str, title
         ax.plot(steps, mean, marker="o", ms=3, color=color, label=f"{name} ({len(rs)} seeds)")
         if len(rs) > 1:
             ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -61,9 +72,11 @@ def plot_entropy_after_tool(
 ) -> Path:
     """The ARPO pilot figure from our rollouts: entropy by token position after a tool result.
 
-    Solid: policy tokens right after a tool result; dashed: the first tokens of
-    the first turn (after the prompt), as a reference. One color per variant
-    (seeds pooled), gray for the untrained model.
+    Solid: policy tokens right after a tool result (the env's answer to a
+    call, error messages for malformed calls included); dashed: the first
+    tokens of the first turn (after the prompt), as a reference. One color per
+    variant (seeds pooled), gray for the untrained model. Positions that fewer
+    than `MIN_SEGMENTS` segments reach are left out.
     """
     from agentenv.bench.report import pool_probes
 
@@ -79,10 +92,10 @@ def plot_entropy_after_tool(
         tool = pool_probes(probes, "after_tool")
         first = pool_probes(probes, "after_prompt")
         if tool is not None and tool.segments:
-            ax.plot(x, tool.mean, color=color, lw=1.6, label=f"{name}: after tool result ({tool.segments} segs)")
+            ax.plot(x, _masked_mean(tool), color=color, lw=1.6, label=f"{name}: after tool result ({tool.segments} segs)")
             drawn += 1
         if first is not None and first.segments:
-            ax.plot(x, first.mean, color=color, lw=1.0, ls="--", alpha=0.8, label=f"{name}: first turn")
+            ax.plot(x, _masked_mean(first), color=color, lw=1.0, ls="--", alpha=0.8, label=f"{name}: first turn")
             drawn += 1
     if not drawn:
         ax.text(0.5, 0.5, "no policy tokens were measured", ha="center", va="center", transform=ax.transAxes)
