@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes a Docker daemon answer for the Python sandbox, idempotently, and says what it did:
-#   1. installs docker.io with apt-get when `docker` or `dockerd` is missing;
+#   1. installs docker.io (and debootstrap, for the offline image build) with apt-get when missing;
 #   2. where no daemon answers, starts `dockerd --bridge=none --iptables=false` in the
 #      background (no bridge network, no iptables rules, nothing on private address
 #      ranges: sandbox containers run with networking off), logging to $DOCKERD_LOG;
@@ -30,13 +30,23 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 
-# 1. The engine.
+# 1. The engine, and debootstrap (the offline image build needs it where no registry answers).
+missing=""
 if command -v docker >/dev/null 2>&1 && command -v dockerd >/dev/null 2>&1; then
   log "docker and dockerd already installed ($(docker --version 2>/dev/null || echo '?'))"
 else
-  log "installing docker.io with apt-get"
+  missing="docker.io"
+fi
+if command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ]; then
+  log "debootstrap already installed"
+else
+  missing="$missing debootstrap"
+fi
+if [ -n "$missing" ]; then
+  log "installing ${missing# } with apt-get"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io
+  # shellcheck disable=SC2086
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing
 fi
 
 # 2. The daemon.
