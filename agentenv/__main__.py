@@ -2,4 +2,5 @@
 
 from agentenv.cli import main
 
-main()
+if __name__ == "__main__":  # spawned workers (vLLM's engine core) re-import this module: run nothing there
+    main()

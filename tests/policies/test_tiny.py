@@ -98,6 +98,20 @@ def test_traces_are_token_exact_and_masked(tmp_path):
         assert tool_text.count("<result>") == len(task.metadata["solution"])
 
 
+def test_copy_weights_mark_content_carried_over_from_question_and_results():
+    import torch
+
+    from agentenv.policies.tiny.sft import copy_weights
+
+    # prefix (system prompt) 1 2 3 | question 7 8 9 | policy 7 4 8 | result 5 3 | policy 9 3 5
+    ids = torch.tensor([[1, 2, 3, 7, 8, 9, 7, 4, 8, 5, 3, 9, 3, 5]])
+    mask = torch.tensor([[0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1]]).bool()
+    w = copy_weights(ids, mask, 3, 5.0)
+    # 7, 8, 9 and 5 were carried over; 4 is new; 3 is in the system prompt, so it is no copy.
+    assert w.tolist() == [[0, 0, 0, 0, 0, 0, 5, 1, 5, 0, 0, 5, 1, 5]]
+    assert torch.equal(copy_weights(ids, mask, 3, 1.0), mask.float())
+
+
 def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
     from agentenv.policies.tiny import build as build_mod
 

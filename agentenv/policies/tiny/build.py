@@ -41,6 +41,27 @@ def _file_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def sft_toy_config(cfg: TinyBuildConfig) -> Any:
+    """The toy suite the SFT traces come from: train split only, knowledge base scaled by `kb_scale`."""
+    from agentenv.tasks.toy import ToyConfig
+
+    base, k = ToyConfig(), cfg.kb_scale
+    return ToyConfig(
+        seed=cfg.seed,
+        n_arith_train=cfg.n_train_arith,
+        n_twohop_train=cfg.n_train_twohop,
+        n_both_train=cfg.n_train_both,
+        n_arith_heldout=0,
+        n_twohop_heldout=0,
+        n_both_heldout=0,
+        kb_countries=base.kb_countries * k,
+        kb_cities=base.kb_cities * k,
+        kb_people=base.kb_people * k,
+        kb_companies=base.kb_companies * k,
+        kb_distractors=base.kb_distractors * k,
+    )
+
+
 def tiny_dir(cfg: TinyBuildConfig | None = None) -> Path:
     """Where the build of `cfg` lives (whether or not it is built yet)."""
     cfg = cfg or TinyBuildConfig()
@@ -134,8 +155,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
     """
     import torch
 
-    from agentenv.policies.tiny.evaluate import evaluate_policy
-    from agentenv.policies.tiny.sft import make_model, train_sft
+    from agentenv.policies.tiny.sft import init_model, train_sft
     from agentenv.policies.tiny.traces import make_tools, make_traces_async
     from agentenv.tasks.toy import ToyConfig, build_toy_suite
 
@@ -159,29 +179,29 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
         t = lap("tokenizer_s", t)
         log(f"tokenizer: {len(tokenizer)} tokens ({times['tokenizer_s']}s)")
 
-        toy = ToyConfig(
-            seed=cfg.seed,
-            n_arith_train=cfg.n_train_arith,
-            n_twohop_train=cfg.n_train_twohop,
-            n_both_train=cfg.n_train_both,
-            n_arith_heldout=cfg.n_heldout,
-            n_twohop_heldout=cfg.n_heldout,
-            n_both_heldout=cfg.n_heldout,
-        )
-        suite = build_toy_suite(toy)
+        # SFT data: a toy suite with a larger knowledge base (its own corpus); held-out score: the
+        # default suite's held-out split over the default corpus, which is what RL evaluates on.
+        sft_suite = build_toy_suite(sft_toy_config(cfg))
+        eval_suite = build_toy_suite(
+            ToyConfig(seed=cfg.seed, n_arith_train=0, n_twohop_train=0, n_both_train=0,
+                      n_arith_heldout=cfg.n_heldout, n_twohop_heldout=cfg.n_heldout, n_both_heldout=cfg.n_heldout)
+        )  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="agentenv-tiny-corpus-") as corpus_dir:
-            tools = make_tools(suite.write_corpus(Path(corpus_dir) / "toy_corpus.jsonl"), cfg.search_k)
+            sft_tools = make_tools(sft_suite.write_corpus(Path(corpus_dir) / "sft_corpus.jsonl"), cfg.search_k)
+            eval_tools = make_tools(eval_suite.write_corpus(Path(corpus_dir) / "toy_corpus.jsonl"), cfg.search_k)
             env_kw = {"max_result_tokens": cfg.max_result_tokens, "max_context_tokens": cfg.max_context_tokens}
-            traces, dropped = asyncio.run(make_traces_async(suite.train, tools, tokenizer, **env_kw))
+            traces, dropped = asyncio.run(make_traces_async(sft_suite.train, sft_tools, tokenizer, **env_kw))
             t = lap("traces_s", t)
             by_kind = {k: sum(tr.kind == k for tr in traces) for k in KINDS}
             n_tok = sum(len(tr) for tr in traces)
             log(f"traces: {len(traces)} kept {by_kind}, {dropped} dropped, {n_tok} tokens ({times['traces_s']}s)")
 
-            model = make_model(cfg, tokenizer)
+            model, hooks = init_model(cfg, tokenizer)
             n_params = sum(p.numel() for p in model.parameters())
             log(f"model: Qwen2 {cfg.num_layers}x{cfg.hidden_size}, {n_params / 1e6:.2f}M parameters")
             sft = train_sft(model, traces, cfg, tokenizer.pad_token_id, log=log)
+            for h in hooks:
+                h.remove()
             t = lap("sft_s", t)
 
             model.save_pretrained(out, safe_serialization=True)
@@ -189,7 +209,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
             t = lap("save_s", t)
 
             log("held-out evaluation (greedy and T=1.0) with the real tools ...")
-            scores = asyncio.run(_evaluate(model, tokenizer, suite.heldout, tools, cfg))
+            scores = asyncio.run(_evaluate(model, tokenizer, eval_suite.heldout, eval_tools, cfg))
             t = lap("eval_s", t)
         for mode, res in scores.items():
             acc = ", ".join(f"{k} {res['accuracy'].get(k, 0.0):.0%}" for k in KINDS)

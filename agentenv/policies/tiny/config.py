@@ -11,8 +11,10 @@ from typing import Any
 
 from agentenv.errors import ConfigError
 
-BUILD_VERSION = 1
-"""Bumped whenever the build's output changes for the same config (part of the cache key)."""
+BUILD_VERSION = 5
+"""Bump whenever the build code changes what is built (part of the cache key). The
+key deliberately does not hash this package's source: editing the code must not
+silently send every test run into a rebuild."""
 
 CACHE_ENV = "AGENTENV_CACHE"
 
@@ -39,7 +41,19 @@ class TinyBuildConfig:
         n_train_arith: Arithmetic (python) traces in the SFT mix.
         n_train_twohop: Two-search traces in the SFT mix.
         n_train_both: Search-then-python traces in the SFT mix.
-        n_heldout: Held-out tasks per kind for the score in `build_info.json`.
+        n_heldout: Held-out tasks per kind for the score in `build_info.json`
+            (the held-out split of the default toy suite of `seed`: what RL evaluates on).
+        kb_scale: The SFT traces come from a toy suite whose knowledge base is
+            this many times larger than the default one (more distinct names
+            and numbers, so copying from the question and the results pays
+            more than memorising a few answers). Its entities are unseen by
+            the held-out evaluation either way.
+        copy_circuit: Start from weights that hold a copy (induction) circuit
+            (see `agentenv.policies.tiny.circuits`); without it the SFT stalls
+            on the induction plateau within this budget.
+        copy_weight: SFT loss weight of copied content (policy tokens that occur
+            in the question or a tool result but not in the system prompt; see
+            `agentenv.policies.tiny.sft.copy_weights`); the other policy tokens weigh 1.
         search_k: Results per search when making traces and evaluating (the
             search tool's default, ARPO's top 10).
         max_result_tokens: Result budget of the env (the run config's default).
@@ -49,15 +63,15 @@ class TinyBuildConfig:
         lr: Peak learning rate (linear warmup, cosine decay).
         warmup_steps: Warmup steps.
         weight_decay: AdamW weight decay.
-        max_sft_seconds: Safety cap: SFT stops early past this wall time (so the
-            build stays within budget on a loaded machine; `build_info.json`
-            then says so).
+        max_sft_seconds: Optional cap: SFT stops early past this wall time
+            (`build_info.json` then says so). Off by default, since a build cut
+            short on a loaded machine would cache a weaker model.
         eval_max_tokens: Most tokens per policy turn at evaluation.
         threads: torch CPU threads during the build (None: torch's default).
     """
 
     seed: int = 0
-    vocab_size: int = 1024
+    vocab_size: int = 2048
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
@@ -67,16 +81,19 @@ class TinyBuildConfig:
     n_train_arith: int = 600
     n_train_twohop: int = 600
     n_train_both: int = 600
-    n_heldout: int = 50
+    n_heldout: int = 30
+    kb_scale: int = 4
+    copy_circuit: bool = True
+    copy_weight: float = 10.0
     search_k: int = 3
     max_result_tokens: int = 256
     max_context_tokens: int = 2048
-    sft_steps: int = 300
-    batch_tokens: int = 8192
-    lr: float = 3e-3
-    warmup_steps: int = 30
+    sft_steps: int = 550
+    batch_tokens: int = 2048
+    lr: float = 1e-3
+    warmup_steps: int = 20
     weight_decay: float = 0.01
-    max_sft_seconds: float = 200.0
+    max_sft_seconds: float | None = None
     eval_max_tokens: int = 96
     threads: int | None = None
 
@@ -101,6 +118,14 @@ class TinyBuildConfig:
             )
         if self.n_train_arith + self.n_train_twohop + self.n_train_both == 0:
             raise ConfigError("tiny.n_train_arith", "the SFT mix is empty: give at least one kind some traces")
+        if not isinstance(self.kb_scale, int) or self.kb_scale < 1:
+            raise ConfigError("tiny.kb_scale", f"must be an int >= 1, got {self.kb_scale!r}")
+        if self.copy_circuit and (self.hidden_size, self.num_heads, self.num_kv_heads) != (256, 4, 2):
+            raise ConfigError(
+                "tiny.copy_circuit",
+                f"the copy circuit needs hidden 256, 4 heads, 2 kv heads; got {self.hidden_size}, "
+                f"{self.num_heads}, {self.num_kv_heads} (set copy_circuit=False for other shapes)",
+            )
         if self.vocab_size < 512:
             raise ConfigError("tiny.vocab_size", f"must be >= 512 (bytes plus merges), got {self.vocab_size}")
         for name in ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens"):
@@ -136,20 +161,16 @@ class TinyBuildConfig:
 
 
 def _code_fingerprint(tokenizer_only: bool = False) -> str:
-    """The tiny package's source and the toy data format (prompt, result template, sample turns).
+    """The toy data the model is trained on (prompt, result template, sample turns, corpus).
 
-    A change to any of them makes a cached model stale, so it is part of the key.
+    A change there makes a cached model stale, so it is part of the key.
     """
     from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE
     from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
     from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
 
     h = hashlib.sha256()
-    here = Path(__file__).parent
-    names = ["tokenizer.py", "config.py"] if tokenizer_only else sorted(p.name for p in here.glob("*.py"))
-    for name in names:
-        h.update(name.encode())
-        h.update((here / name).read_bytes())
+    h.update(b"tokenizer" if tokenizer_only else b"model")
     h.update(TOY_SYSTEM_PROMPT.encode())
     h.update(DEFAULT_RESULT_TEMPLATE.encode())
     small = build_toy_suite(ToyConfig(n_arith_train=3, n_twohop_train=3, n_both_train=3, n_arith_heldout=0,

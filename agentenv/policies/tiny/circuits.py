@@ -1,0 +1,160 @@
+"""A copy circuit written into the tiny model's initial weights.
+
+Every toy task needs copying: operands from the question into the code,
+numbers and names from a tool result into the next query and the answer. A
+transformer learns to copy with an induction head (Olsson et al., 2022), which
+forms only after a long loss plateau: far more tokens than a 5-minute CPU
+build can afford (a cold start from random weights stalls with every digit
+unpredicted). So the build starts from weights that already hold the circuit,
+and the SFT learns when to use it:
+
+- layer 0, query heads 0 and 1 (key/value head 0): attend to positions t-1 and
+  t-2. Their scores come from RoPE alone (zero q/k weights, constant q/k
+  biases whose phase difference peaks at that offset); these q/k rows stay
+  frozen during SFT. They copy the token identity (subspace A of the residual)
+  of t-1 into subspace B and of t-2 into subspace C.
+- layer 1, query head 2 (key/value head 1): an induction head. Its query is
+  (current token, previous token) and its key (previous token, the one before)
+  at each earlier position s, read through the slowest RoPE pairs (which barely
+  rotate over the context), so it attends to where the last two tokens
+  occurred before and copies the token that followed there into A, which the
+  tied LM head reads as a logit boost.
+- Token embeddings start in A (dims 0-63); every other residual branch
+  (o_proj and MLP down_proj) starts at zero, so at init the network is exactly
+  this circuit.
+
+The result is a plain `Qwen2ForCausalLM` (transformers and vLLM need nothing
+special); only the starting point differs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+_A, _B, _C = slice(0, 64), slice(64, 128), slice(128, 192)
+
+
+def _rope_base(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None)
+    if params and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(cfg.rope_theta)
+
+
+def install_copy_circuit(
+    model: Any,
+    *,
+    embed_std: float = 0.05,
+    prev_gain: float = 1.0,
+    match_gain: float = 16.0,
+    copy_gain: float = 10.0,
+    pointer_gain: float = 10.0,
+    position_logit: float = 100.0,
+    position_pairs: int = 6,
+    static_pair_from: int = 20,
+    seed: int = 0,
+) -> list[Any]:
+    """Write the copy circuit into a freshly initialised model (in place).
+
+    Args:
+        model: A `Qwen2ForCausalLM` with hidden 256, 4 heads of 64, 2 key/value heads, >= 2 layers.
+        embed_std: Std of the token embeddings (in subspace A).
+        prev_gain: Scale of the previous-token copies written into B and C.
+        match_gain: Sharpness of the induction head's token matching.
+        copy_gain: Scale of the induction head's output into A.
+        pointer_gain: Scale of the pointer head's output into A (its query is learned).
+        position_logit: Attention logit of the previous-token heads at their offset.
+        position_pairs: Fastest RoPE pairs the previous-token heads use.
+        static_pair_from: First (slowest) RoPE pair the induction head matches on.
+        seed: Seed of the random projections.
+
+    Returns:
+        Gradient hooks that keep the previous-token heads' q/k rows frozen;
+        call `.remove()` on each when training ends.
+    """
+    cfg = model.config
+    hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    if (cfg.hidden_size, hd, nh, nkv) != (256, 64, 4, 2) or cfg.num_hidden_layers < 2:
+        raise ValueError(
+            f"the copy circuit is laid out for hidden 256, 4 heads of 64, 2 kv heads, >= 2 layers; got hidden "
+            f"{cfg.hidden_size}, {nh} heads of {hd}, {nkv} kv heads, {cfg.num_hidden_layers} layers"
+        )
+    half = hd // 2
+    theta = _rope_base(cfg) ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)  # (32,) RoPE frequencies
+    g = torch.Generator().manual_seed(seed)
+    layers = model.model.layers
+    eye = torch.eye(64)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight  # (V, 256)
+        emb.zero_()
+        emb[:, _A] = torch.randn(emb.shape[0], 64, generator=g) * embed_std
+        for layer in layers:  # every block starts as the identity...
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+        # ...except the circuit. Layer 0: heads 0, 1 look back 1 and 2 tokens.
+        at = layers[0].self_attn
+        a = math.sqrt(position_logit * math.sqrt(hd) / position_pairs)  # sum_p a^2 / sqrt(hd) = position_logit
+        k_bias = torch.zeros(hd, dtype=torch.float64)
+        k_bias[:position_pairs] = a
+        at.k_proj.weight[0:hd] = 0
+        at.k_proj.bias[0:hd] = k_bias.float()
+        for head, offset in ((0, 1), (1, 2)):
+            # q.k = sum_p a^2 cos((t - s - offset) theta_p): largest at s = t - offset.
+            q_bias = torch.zeros(hd, dtype=torch.float64)
+            angle = -offset * theta[:position_pairs]
+            q_bias[:position_pairs] = a * torch.cos(angle)
+            q_bias[half : half + position_pairs] = a * torch.sin(angle)
+            rows = slice(head * hd, (head + 1) * hd)
+            at.q_proj.weight[rows] = 0
+            at.q_proj.bias[rows] = q_bias.float()
+        at.v_proj.weight[0:hd] = 0
+        at.v_proj.weight[0:hd, _A] = eye  # value = token identity
+        at.v_proj.bias[0:hd] = 0
+        at.o_proj.weight[_B, 0:hd] = prev_gain * embed_std * eye  # head 0 -> B (token t-1)
+        at.o_proj.weight[_C, hd : 2 * hd] = prev_gain * embed_std * eye  # head 1 -> C (token t-2)
+
+        # Layer 1: head 2 matches (A_t, B_t) against (B_s, C_s) on the slowest RoPE pairs.
+        at = layers[1].self_attn
+        static = [p for p in range(static_pair_from, half)] + [p + half for p in range(static_pair_from, half)]
+        proj = torch.randn(len(static), 64, generator=g) / math.sqrt(64)
+        q0, k0 = 2 * hd, hd  # query head 2 uses key/value head 1
+        at.q_proj.weight[q0 : q0 + hd] = 0
+        at.q_proj.bias[q0 : q0 + hd] = 0
+        at.k_proj.weight[k0 : k0 + hd] = 0
+        at.k_proj.bias[k0 : k0 + hd] = 0
+        n_first = len(static) // 2
+        for i, d in enumerate(static):
+            q_src, k_src = (_A, _B) if i < n_first else (_B, _C)
+            at.q_proj.weight[q0 + d, q_src] = match_gain * proj[i]
+            at.k_proj.weight[k0 + d, k_src] = proj[i]
+        at.v_proj.weight[k0 : k0 + hd] = 0
+        at.v_proj.weight[k0 : k0 + hd, _A] = eye
+        at.v_proj.bias[k0 : k0 + hd] = 0
+        at.o_proj.weight[_A, q0 : q0 + hd] = copy_gain * embed_std * eye
+
+        # Query head 3 shares head 2's keys (the two tokens before s) and values (token s): a pointer head
+        # whose query is left to the SFT. Its output starts as a copy into A, so its query gets gradient from
+        # the first step (with a zero o_proj it would sit on a saddle), and it learns where to copy from
+        # where no bigram repeats: the token after "<result>\n", after " is" in a fact, and so on.
+        p0 = 3 * hd
+        at.q_proj.weight[p0 : p0 + hd] = 0
+        at.q_proj.bias[p0 : p0 + hd] = 0
+        at.o_proj.weight[_A, p0 : p0 + hd] = pointer_gain * embed_std * eye
+
+    attn0 = layers[0].self_attn
+    frozen = [(attn0.q_proj, slice(0, 2 * hd)), (attn0.k_proj, slice(0, hd))]
+    hooks = []
+    for lin, rows in frozen:
+        for p in (lin.weight, lin.bias):
+            hooks.append(p.register_hook(lambda grad, rows=rows: _zero_rows(grad, rows)))
+    return hooks
+
+
+def _zero_rows(grad: torch.Tensor, rows: slice) -> torch.Tensor:
+    grad = grad.clone()
+    grad[rows] = 0
+    return grad
