@@ -79,6 +79,13 @@ def eval_(
         model_path = str(checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint)
         if not Path(model_path, "config.json").exists():
             _fail(ConfigError("--checkpoint", f"{checkpoint} holds no model (no config.json in it or in its model/)"))
+    if out is not None:  # checked before minutes of evaluation, not after
+        if out.is_dir():
+            _fail(ConfigError("--out", f"{out} is a directory; give a file path such as {out / 'eval.json'}"))
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _fail(ConfigError("--out", f"cannot create the folder of {out}: {e}"))
     tc = cfg.trainer
     n_samples = samples or tc.eval_samples
     temperature = tc.eval_temperature if n_samples == 1 else (tc.eval_temperature or cfg.policy.temperature)
@@ -99,9 +106,12 @@ def eval_(
     except (ConfigError, InfraError) as e:
         _fail(e)
     text = json.dumps(report.__dict__, indent=1, default=str)
+    typer.echo(text)  # printed first: a failed write below loses nothing
     if out:
-        out.write_text(text)
-    typer.echo(text)
+        try:
+            out.write_text(text)
+        except OSError as e:
+            _fail(InfraError(f"the report above could not be written to {out}: {e}"))
 
 
 @app.command()
