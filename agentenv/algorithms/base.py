@@ -42,6 +42,25 @@ class TrainBatch:
         picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TrainBatch(**picked)
 
+    def trimmed(self) -> "TrainBatch":
+        """The same rows without the trailing columns that are padding in every row.
+
+        A batch is padded to its longest trajectory; a micro-batch of shorter ones
+        need not carry that width through attention. Nothing real is dropped.
+        """
+        L = max(2, int(self.attention_mask.sum(dim=1).max()))  # longest row
+        if L == self.input_ids.shape[1]:
+            return self
+        cut = {}
+        for k, v in self.__dict__.items():
+            if not isinstance(v, torch.Tensor):
+                cut[k] = v
+            elif k in ("input_ids", "attention_mask"):
+                cut[k] = v[:, :L]  # (B, L)
+            else:
+                cut[k] = v[:, : L - 1]  # (B, L - 1)
+        return TrainBatch(**cut)
+
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 

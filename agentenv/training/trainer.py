@@ -154,9 +154,9 @@ class Trainer:
         out = torch.zeros_like(batch.old_logprobs)
         mb = self.cfg.trainer.micro_batch_size
         for s in chunks(len(batch), mb):
-            part = batch.select(s).to(self.acc.device)
+            part = batch.select(s).trimmed().to(self.acc.device)
             lp, _ = sequence_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
-            out[s] = lp.float().cpu()
+            out[s, : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
         return out * batch.loss_mask
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -193,7 +193,7 @@ class Trainer:
                 mb = batch.select(rows)
                 micro = chunks(len(mb), tc.micro_batch_size)
                 for mi, s in enumerate(micro):
-                    part = mb.select(s).to(self.acc.device)
+                    part = mb.select(s).trimmed().to(self.acc.device)
                     last = mi == len(micro) - 1
                     ctx = self.acc.no_sync(self.model) if not last else _null()
                     with ctx:

@@ -116,3 +116,25 @@ def test_config_errors_carry_numbers():
         GRPOConfig(group_size=1)
     with pytest.raises(ConfigError, match="algorithm.loss_agg"):
         GRPOConfig(loss_agg="sum")  # type: ignore[arg-type]
+
+
+def test_trimmed_batch_drops_only_shared_padding_and_keeps_the_loss():
+    # rows of 3 and 2 real tokens, padded to 5 (a longer trajectory elsewhere in the step)
+    batch = TrainBatch(
+        input_ids=torch.tensor([[5, 6, 7, 0, 0], [5, 8, 0, 0, 0]]),
+        attention_mask=torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]),
+        loss_mask=torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]),
+        advantages=torch.tensor([[1.0, -2.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0]]),
+        old_logprobs=torch.tensor([[-1.0, -2.0, 0.0, 0.0], [-0.5, 0.0, 0.0, 0.0]]),
+        sampler_logprobs=torch.tensor([[-1.0, -2.0, 0.0, 0.0], [-0.5, 0.0, 0.0, 0.0]]),
+    )
+    cut = batch.trimmed()
+    assert cut.input_ids.tolist() == [[5, 6, 7], [5, 8, 0]]
+    assert cut.loss_mask.shape == cut.advantages.shape == cut.old_logprobs.shape == (2, 2)
+    assert cut.trimmed() is cut  # nothing left to trim
+    new = torch.tensor([[-0.9, -2.2, 0.0, 0.0], [-0.4, 0.0, 0.0, 0.0]])
+    for agg in ("token_mean", "seq_mean_token_mean"):
+        algo = GRPO(GRPOConfig(group_size=2, loss_agg=agg))
+        full, _ = algo.loss(batch, new)
+        short, _ = algo.loss(cut, new[:, :2])
+        assert short.item() == pytest.approx(full.item(), abs=1e-7), agg
