@@ -183,6 +183,14 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def correct(self) -> bool:
+        """The reward function judged the answer correct (never for a failed trajectory).
+
+        The env records its reward details under `info["reward"]`.
+        """
+        return bool(self.info.get("reward", {}).get("correct", False)) and not self.failed
+
+    @property
     def token_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.token_ids]
 

@@ -53,7 +53,7 @@ class EvalReport:
 
 
 def is_correct(traj: Any) -> bool:
-    return bool(traj.info.get("correct", False)) and not traj.failed
+    return traj.correct
 
 
 def summarize(groups: Sequence[Group]) -> EvalReport:

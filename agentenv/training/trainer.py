@@ -232,7 +232,7 @@ class Trainer:
             "n_traj": float(len(trajs)),
             "n_groups": float(len(groups)),
             "reward": sum(t.reward for t in trajs),
-            "correct": float(sum(bool(t.info.get("correct")) for t in trajs)),
+            "correct": float(sum(t.correct for t in trajs)),
             "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
             # tokens the sampler generated: a tree's shared prefixes count once
             "gen_tokens": float(sum(group_generated_tokens(g) for g in groups)),

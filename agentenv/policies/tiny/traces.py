@@ -125,7 +125,7 @@ async def _trace_one(task: Task, tools: list[Any], tokenizer: Any, env_kw: dict[
         reference_turns(task, results)
     except ValueError:
         return None
-    if not traj.info.get("reward", {}).get("correct", False):
+    if not traj.correct:
         return None
     return Trace(task.id, task.metadata["kind"], traj.token_ids, traj.loss_mask)
 
