@@ -69,6 +69,7 @@ def eval_(
 ) -> None:
     """Evaluate a checkpoint on held-out tasks: accuracy, pass@k, tool calls and tokens per task."""
     cfg = _load(config, overrides or [])
+    from agentenv.tasks.task import balanced_subset
     from agentenv.training.evaluate import evaluate
     from agentenv.training.build import build_runtime, resolve_model_path
     from agentenv.types import SamplingParams
@@ -94,7 +95,7 @@ def eval_(
     async def go():
         rt = build_runtime(cfg, model_path)
         try:
-            heldout = rt.tasks.heldout[: tasks or tc.eval_tasks]
+            heldout = balanced_subset(rt.tasks.heldout, tasks or tc.eval_tasks)
             if not heldout:
                 raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
             return await evaluate(rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.seed)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_config, resolve_runs
+from agentenv.tasks.task import balanced_subset
 from agentenv.bench.stats import PositionEntropy, entropy_by_position
 from agentenv.configs import RunConfig
 
@@ -108,7 +109,7 @@ async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> P
 
     rt = build_runtime(cfg, model_path)
     try:
-        tasks = rt.tasks.heldout[: probe.tasks]
+        tasks = balanced_subset(rt.tasks.heldout, probe.tasks)
         params = SamplingParams(
             max_tokens=cfg.policy.max_turn_tokens,
             temperature=cfg.policy.temperature,

@@ -3,7 +3,7 @@
 from agentenv.tasks.loaders import load_jsonl, load_verl_parquet
 from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, TOY_SYSTEM_PROMPT, render_prompt
 from agentenv.tasks.rewards import REWARDS, RewardResult, arpo_reward, get_reward
-from agentenv.tasks.task import Task
+from agentenv.tasks.task import Task, balanced_subset
 from agentenv.tasks.toy import ToyConfig, ToySuite, build_toy_suite, load_toy_tasks, reference_turns, write_corpus
 
 __all__ = [

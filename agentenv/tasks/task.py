@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal
 
 Ability = Literal["math", "qa"]
@@ -45,3 +46,25 @@ class Task:
             if m["role"] == "user":
                 return m["content"]
         return ""
+
+
+def balanced_subset(tasks: Sequence[Task], n: int | None) -> list[Task]:
+    """At most `n` tasks taken round-robin over their kinds, each kind in its own order.
+
+    The kind is `metadata["kind"]` (toy tasks) or else the ability. A held-out
+    list grouped by kind would otherwise be evaluated on its first kinds only.
+    `n=None` keeps every task.
+    """
+    if n is None or n >= len(tasks):
+        return list(tasks)
+    by_kind: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_kind.setdefault(str(t.metadata.get("kind", t.ability)), []).append(t)
+    queues = [iter(q) for q in by_kind.values()]
+    out: list[Task] = []
+    while len(out) < n:
+        for q in queues:
+            t = next(q, None)
+            if t is not None and len(out) < n:
+                out.append(t)
+    return out

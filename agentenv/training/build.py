@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from agentenv.configs import EnvConfig, PolicyConfig, RunConfig, TasksConfig
 from agentenv.errors import ConfigError
-from agentenv.tasks.task import Task
+from agentenv.tasks.task import Task, balanced_subset
 
 
 def cache_root() -> Path:
@@ -86,7 +86,7 @@ def build_tasks(cfg: TasksConfig) -> TaskSet:
     if cfg.limit is not None:
         out.train = out.train[: cfg.limit]
     if cfg.eval_limit is not None:
-        out.heldout = out.heldout[: cfg.eval_limit]
+        out.heldout = balanced_subset(out.heldout, cfg.eval_limit)
     if not out.train:
         raise ConfigError("env.tasks", "no training tasks were loaded")
     return out

@@ -27,6 +27,7 @@ from agentenv.configs import RunConfig
 from agentenv.training import checkpoint as ckpt
 from agentenv.policies.hf import sequence_logprobs
 from agentenv.rollout import derive_seed
+from agentenv.tasks.task import balanced_subset
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, resolve_model_path
 from agentenv.training.data import TaskStream
@@ -271,7 +272,7 @@ class Trainer:
         """Held-out evaluation on the main process (others wait)."""
         tc = self.cfg.trainer
         report = None
-        heldout = self.rt.tasks.heldout[: n_tasks or tc.eval_tasks]
+        heldout = balanced_subset(self.rt.tasks.heldout, n_tasks or tc.eval_tasks)
         if self.acc.is_main_process and heldout:
             params = self.sampling_params(temperature=tc.eval_temperature)
             report = self.run(

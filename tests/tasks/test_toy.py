@@ -221,3 +221,22 @@ def test_config_validation():
         build_toy_suite(ToyConfig(n_twohop_heldout=10_000))
     with pytest.raises(ConfigError, match="kinds"):
         load_toy_tasks(kinds=("riddle",))
+
+
+def test_balanced_subset_takes_every_kind_in_turn():
+    from agentenv.tasks import Task, balanced_subset
+
+    def t(i, kind):
+        return Task(id=f"{kind}{i}", messages=({"role": "user", "content": "q"},), ground_truth="a",
+                    metadata={"kind": kind})  # fmt: skip
+
+    tasks = [t(0, "a"), t(1, "a"), t(2, "a"), t(0, "b"), t(1, "b"), t(0, "c")]
+    assert [x.id for x in balanced_subset(tasks, 4)] == ["a0", "b0", "c0", "a1"]
+    assert [x.id for x in balanced_subset(tasks, 5)] == ["a0", "b0", "c0", "a1", "b1"]
+    assert balanced_subset(tasks, None) == tasks == balanced_subset(tasks, 99)
+    # the toy held-out split is grouped by kind: its first 150 would miss a kind, a balanced 150 does not
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+
+    heldout = build_toy_suite(ToyConfig()).heldout
+    kinds = {x.metadata["kind"] for x in heldout}
+    assert {x.metadata["kind"] for x in balanced_subset(heldout, 150)} == kinds
