@@ -524,6 +524,9 @@ class SandboxPool:
         try:
             reply = await asyncio.wait_for(asyncio.shield(fut), timeout + _GUARD_S)
         except asyncio.TimeoutError:
+            # The shielded reply future fails with _ChannelClosed once the channel is replaced:
+            # nobody waits for it any more, so retrieve that exception instead of logging it.
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._replace(ch)
             return ExecResult(
                 error=f"the sandbox did not answer within {timeout + _GUARD_S:.0f} s and was restarted",
