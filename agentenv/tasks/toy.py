@@ -24,7 +24,7 @@ import math
 import random
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,6 +115,10 @@ class ToyConfig:
                     f"{world} world has {n['people']} people for {n['companies']} companies: "
                     "every company needs its own founder",
                 )
+
+    def with_kb_scale(self, k: int) -> "ToyConfig":
+        """This config with a knowledge base `k` times larger (every `kb_*` count times `k`)."""
+        return replace(self, **{f.name: getattr(self, f.name) * k for f in fields(self) if f.name.startswith("kb_")})
 
     def size(self, kind: Kind, split: Split) -> int:
         """Number of questions asked of `kind` in `split`."""

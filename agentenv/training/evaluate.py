@@ -52,16 +52,12 @@ class EvalReport:
         return m
 
 
-def is_correct(traj: Any) -> bool:
-    return traj.correct
-
-
 def summarize(groups: Sequence[Group]) -> EvalReport:
     """Aggregate groups of samples (one group per task) into a report."""
     if not groups:
         return EvalReport(0.0, {}, 0.0, 0.0, 0.0, 0)
     n = min(len(g) for g in groups)
-    correct = [[is_correct(t) for t in g] for g in groups]
+    correct = [[t.correct for t in g] for g in groups]
     pass_at = {k: float(np.mean([pass_at_k(len(c), sum(c), k) for c in correct])) for k in range(1, n + 1)}
     trajs = [t for g in groups for t in g]
     kinds: dict[str, list[bool]] = defaultdict(list)

@@ -240,3 +240,15 @@ def test_balanced_subset_takes_every_kind_in_turn():
     heldout = build_toy_suite(ToyConfig()).heldout
     kinds = {x.metadata["kind"] for x in heldout}
     assert {x.metadata["kind"] for x in balanced_subset(heldout, 150)} == kinds
+
+
+def test_with_kb_scale_multiplies_every_knowledge_base_count():
+    from agentenv.tasks.toy import ToyConfig
+
+    base = ToyConfig(seed=3, n_arith_train=7)
+    big = base.with_kb_scale(3)
+    assert (big.seed, big.n_arith_train) == (3, 7)
+    assert (big.kb_countries, big.kb_people, big.kb_distractors) == (
+        3 * base.kb_countries, 3 * base.kb_people, 3 * base.kb_distractors
+    )
+    assert big.kb_cities == 3 * base.kb_cities and big.kb_companies == 3 * base.kb_companies

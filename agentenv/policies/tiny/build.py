@@ -45,7 +45,6 @@ def sft_toy_config(cfg: TinyBuildConfig) -> Any:
     """The toy suite the SFT traces come from: train split only, knowledge base scaled by `kb_scale`."""
     from agentenv.tasks.toy import ToyConfig
 
-    base, k = ToyConfig(), cfg.kb_scale
     return ToyConfig(
         seed=cfg.seed,
         n_arith_train=cfg.n_train_arith,
@@ -54,12 +53,7 @@ def sft_toy_config(cfg: TinyBuildConfig) -> Any:
         n_arith_heldout=0,
         n_twohop_heldout=0,
         n_both_heldout=0,
-        kb_countries=base.kb_countries * k,
-        kb_cities=base.kb_cities * k,
-        kb_people=base.kb_people * k,
-        kb_companies=base.kb_companies * k,
-        kb_distractors=base.kb_distractors * k,
-    )
+    ).with_kb_scale(cfg.kb_scale)
 
 
 def tiny_dir(cfg: TinyBuildConfig | None = None) -> Path:

@@ -38,17 +38,7 @@ def training_texts(seed: int) -> Iterator[str]:
     from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
     from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
 
-    base = ToyConfig()
-    suite = build_toy_suite(
-        ToyConfig(
-            seed=seed + TEXT_SEED_OFFSET,
-            kb_countries=4 * base.kb_countries,
-            kb_cities=4 * base.kb_cities,
-            kb_people=4 * base.kb_people,
-            kb_companies=4 * base.kb_companies,
-            kb_distractors=4 * base.kb_distractors,
-        )
-    )
+    suite = build_toy_suite(ToyConfig(seed=seed + TEXT_SEED_OFFSET).with_kb_scale(4))
     yield f"{BOS}system\n{TOY_SYSTEM_PROMPT}{EOS}\n"
     for task in suite.train:
         yield f"{BOS}user\n{task.question}{EOS}\n{BOS}assistant\n"
