@@ -515,6 +515,11 @@ class Runner:
         while True:
             timeout = self.next_timeout()
             for key, _ in self.sel.select(timeout):
+                # An earlier event of this batch may have closed this fd, and a new pipe may
+                # have taken its number (a finished call's standby does): reading it as the
+                # old one's would block the runner on a pipe nobody writes yet.
+                if self.sel.get_map().get(key.fd) is not key:
+                    continue
                 kind, obj = key.data
                 try:
                     if kind == "stdin":
@@ -744,6 +749,8 @@ class Runner:
             self.job_child(None, cwd, out_w, err_w, status_w, req_r=req_r)
         for fd in (req_r, out_w, err_w, status_w):
             os.close(fd)
+        for fd in (out_r, err_r, status_r):
+            os.set_blocking(fd, False)  # the loop never blocks on a child's pipe, stale event or not
         self.standby = Standby(pid, cwd, req_w, out_r, err_r, status_r)
 
     def take_standby(self):

@@ -268,3 +268,14 @@ async def test_numpy_and_sympy_are_there(py):
 async def test_concurrent_calls_all_answer(py):
     results = await asyncio.gather(*(py(f"print({i} * {i})") for i in range(8)))
     assert [r.text for r in results] == [str(i * i) for i in range(8)]
+
+
+async def test_back_to_back_calls_never_stall(py):
+    # Each call's end closes its pipes and forks the next call's process, which reuses their
+    # fd numbers; an event for the old pipe left in the same select batch made the runner
+    # block reading the new one (1 round in 3-26 of these hung before the fix).
+    first = (await py("print(0)")).metadata["container"]
+    for rnd in range(60):
+        results = await asyncio.wait_for(asyncio.gather(*(py(f"print({rnd} + {i})") for i in range(8))), 8 * BUDGET_S)
+        assert [r.text for r in results] == [str(rnd + i) for i in range(8)], f"round {rnd}"
+    assert {r.metadata["container"] for r in results} == {first}, "a container was replaced"
