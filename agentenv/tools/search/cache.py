@@ -81,15 +81,32 @@ class SearchCache:
         conn = getattr(self._local, "conn", None)
         # A forked child must not reuse its parent's connection.
         if conn is None or self._local.pid != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL in WAL mode: a killed process loses nothing committed; only
-            # a power cut may drop the last transactions, never corrupt the file.
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(_SCHEMA)
+            conn = self._open()
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
+
+    def _open(self) -> sqlite3.Connection:
+        # Switching a new file to WAL (and recovering one a killed writer left) takes an
+        # exclusive lock, and SQLite reports "database is locked" at once instead of
+        # waiting its busy timeout: processes opening the cache together retry until then.
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode: a killed process loses nothing committed; only
+                # a power cut may drop the last transactions, never corrupt the file.
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute(_SCHEMA)
+                return conn
+            except sqlite3.OperationalError as e:
+                conn.close()
+                if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     def get(self, provider: str, query: str, params: dict[str, Any]) -> CacheEntry | None:
         """The stored answer, or None (counts a hit or a miss).

@@ -186,6 +186,33 @@ def test_concurrent_writer_processes_lose_nothing(tmp_path):
     assert c.get("prov", "p2-149", {"k": 10}).metadata == {"worker": "p2", "i": 149}
 
 
+OPENER = textwrap.dedent(
+    """
+    import sys, time
+    from agentenv.tools.search.cache import SearchCache
+    start = float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))
+    c = SearchCache(sys.argv[1])
+    c.put("prov", sys.argv[3], {}, "x", {})
+    print("ok", flush=True)
+    """
+)
+
+
+def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path):
+    # Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
+    # locked" at once instead of waiting its busy timeout: rollout workers that start
+    # together must still all open the shared cache.
+    for attempt in range(3):
+        db = str(tmp_path / f"cache{attempt}.sqlite")
+        start = time.time() + 1.5  # after every interpreter has started
+        openers = [_python(OPENER, db, str(start), f"q{j}", stderr=subprocess.PIPE) for j in range(8)]
+        for o in openers:
+            out, err = o.communicate(timeout=60)
+            assert o.returncode == 0 and out.strip() == "ok", err[-2000:]
+        assert len(SearchCache(db)) == 8
+
+
 def test_unwritable_cache_path_is_a_tool_error(tmp_path):
     from agentenv.errors import ToolError
 
