@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -318,6 +319,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -362,6 +366,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(key, f"expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads `5e-5` (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {value!r}")
         return float(value)

@@ -23,6 +23,16 @@ def test_overrides_are_typed_and_nested():
     assert cfg.policy.backend == "vllm"
 
 
+def test_exponent_without_a_dot_is_a_number(tmp_path):
+    # YAML 1.1 (PyYAML) reads `5e-5` as a string; a float field takes it as the number.
+    cfg = config_from_dict({"trainer": {"lr": "1E-6"}}, ["trainer.max_grad_norm=5e-1"])
+    assert cfg.trainer.lr == 1e-6 and cfg.trainer.max_grad_norm == 0.5
+    (tmp_path / "c.yaml").write_text("trainer:\n  lr: 2e-5\n")
+    assert load_config(tmp_path / "c.yaml").trainer.lr == 2e-5
+    with pytest.raises(ConfigError, match=r"trainer\.lr: expected a number, got '5e-5x'"):
+        config_from_dict({}, ["trainer.lr=5e-5x"])
+
+
 @pytest.mark.parametrize(
     "raw, overrides, match",
     [
