@@ -112,6 +112,35 @@ def test_copy_weights_mark_content_carried_over_from_question_and_results():
     assert torch.equal(copy_weights(ids, mask, 3, 1.0), mask.float())
 
 
+def test_space_twins_start_with_one_identity_and_a_common_space_direction():
+    import torch
+
+    from agentenv.policies.tiny.circuits import _A, _D, install_copy_circuit, space_twins
+    from agentenv.policies.tiny.sft import make_model
+
+    tok = load_tiny_tokenizer()
+    twins = space_twins(tok)
+    pairs = {(tok.convert_ids_to_tokens(a), tok.convert_ids_to_tokens(b)) for a, b in twins}
+    # A name opens mid-sentence as " M..." and at a line start or after a tag as "M...".
+    spaced_first = tok.encode(" Maskmere", add_special_tokens=False)[0]
+    plain_first = tok.encode("Maskmere", add_special_tokens=False)[0]
+    assert (plain_first, spaced_first) in twins and ("M", "ĠM") in pairs
+    assert all(tok.convert_ids_to_tokens(b) == "Ġ" + tok.convert_ids_to_tokens(a) for a, b in twins)
+
+    cfg = TinyBuildConfig()
+    model = make_model(cfg, tok)
+    for h in install_copy_circuit(model, twins=twins, seed=0):
+        h.remove()
+    emb = model.model.embed_tokens.weight.detach()
+    plain, spaced = (torch.tensor(x) for x in zip(*twins))
+    torch.testing.assert_close(emb[plain, _A], emb[spaced, _A], rtol=0, atol=0)
+    assert emb[plain, _D].abs().max() == 0  # the plain spelling carries no space direction
+    space = emb[spaced, _D]
+    assert space.norm(dim=1).min() > 0 and torch.equal(space, space[:1].expand_as(space))
+    # Different word pieces still differ.
+    assert not torch.equal(emb[plain[0], _A], emb[plain[1], _A])
+
+
 def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
     from agentenv.policies.tiny import build as build_mod
 
@@ -180,8 +209,8 @@ def test_build_info_reports_partial_heldout_scores(tiny_model_path):
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 2 open: two-hop held-out accuracy is 0% after the 5-minute SFT (the first token of each "
-    "copied entity is wrong); 'both' is 10% greedy, 0% sampled",
+    reason="two-hop is 7% greedy, 0% sampled at T=1.0 after the 5-minute SFT: the first hop is copied "
+    "right, the second often names the wrong entity of the result; 'both' is 7% greedy, 3% sampled",
 )
 def test_every_kind_is_partially_solved_greedy_and_sampled(tiny_model_path):
     info = json.loads((tiny_model_path / "build_info.json").read_text())
@@ -189,6 +218,27 @@ def test_every_kind_is_partially_solved_greedy_and_sampled(tiny_model_path):
         acc = info["heldout"][mode]["accuracy"]
         for kind in KINDS:
             assert 0.1 <= acc[kind] <= 0.9, (mode, kind, acc)
+
+
+@pytest.mark.slow
+def test_first_hop_query_copies_the_heldout_name_from_the_question(tiny_model_path):
+    """Held-out names are unseen in training: the first query must copy them token by token."""
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+    from agentenv.tasks.prompts import render_prompt
+    from agentenv.tasks.toy import load_toy_tasks, reference_turns
+    from agentenv.types import SamplingParams
+
+    policy = HFPolicy(HFPolicyConfig(model=str(tiny_model_path), device="cpu"))
+    tasks = load_toy_tasks(("twohop",), split="heldout", n=16)
+    params = SamplingParams(max_tokens=48, temperature=0.0, stop=("</search>",))
+
+    async def first_turns():
+        prompts = [render_prompt(policy.tokenizer, t.messages) for t in tasks]
+        return await asyncio.gather(*(policy.generate(p, params) for p in prompts))
+
+    gens = asyncio.run(first_turns())
+    right = [policy.tokenizer.decode(g.token_ids) == reference_turns(t)[0] for t, g in zip(tasks, gens)]
+    assert sum(right) >= 10, [policy.tokenizer.decode(g.token_ids) for g in gens]
 
 
 @pytest.mark.slow

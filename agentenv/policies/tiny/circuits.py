@@ -22,6 +22,14 @@ and the SFT learns when to use it:
 - Token embeddings start in A (dims 0-63); every other residual branch
   (o_proj and MLP down_proj) starts at zero, so at init the network is exactly
   this circuit.
+- A byte-level BPE spells most words two ways: `ĠMask` mid-sentence, `Mask`
+  at the start of a line or right after a tag. A name read from a result line
+  ("Maskmere is a city ...") must be written mid-sentence in the answer, and a
+  name from the question must open a query after `<search>`. Twins
+  (`space_twins`) therefore share their identity in A, so the induction head
+  matches and copies a word whichever way it was spelled, and the spaced twin
+  adds a common "leading space" direction in subspace D (dims 192-255) that
+  the SFT uses to pick the spelling the position needs.
 
 The result is a plain `Qwen2ForCausalLM` (transformers and vLLM need nothing
 special); only the starting point differs.
@@ -34,7 +42,13 @@ from typing import Any
 
 import torch
 
-_A, _B, _C = slice(0, 64), slice(64, 128), slice(128, 192)
+_A, _B, _C, _D = slice(0, 64), slice(64, 128), slice(128, 192), slice(192, 256)
+
+
+def space_twins(tokenizer: Any) -> list[tuple[int, int]]:
+    """(id of `w`, id of `Ġw`) for every word piece the vocabulary has in both spellings."""
+    vocab = tokenizer.get_vocab()
+    return sorted((vocab[t[1:]], i) for t, i in vocab.items() if t.startswith("Ġ") and len(t) > 1 and t[1:] in vocab)
 
 
 def _rope_base(cfg: Any) -> float:
@@ -55,6 +69,8 @@ def install_copy_circuit(
     position_logit: float = 100.0,
     position_pairs: int = 6,
     static_pair_from: int = 20,
+    twins: list[tuple[int, int]] = (),
+    space_gain: float = 1.0,
     seed: int = 0,
 ) -> list[Any]:
     """Write the copy circuit into a freshly initialised model (in place).
@@ -69,6 +85,8 @@ def install_copy_circuit(
         position_logit: Attention logit of the previous-token heads at their offset.
         position_pairs: Fastest RoPE pairs the previous-token heads use.
         static_pair_from: First (slowest) RoPE pair the induction head matches on.
+        twins: (plain id, spaced id) pairs that share their identity in A (`space_twins`).
+        space_gain: Norm of the spaced twins' common direction in D, in units of `embed_std`.
         seed: Seed of the random projections.
 
     Returns:
@@ -91,6 +109,11 @@ def install_copy_circuit(
         emb = model.model.embed_tokens.weight  # (V, 256)
         emb.zero_()
         emb[:, _A] = torch.randn(emb.shape[0], 64, generator=g) * embed_std
+        if twins:
+            plain, spaced = (torch.tensor(ids) for ids in zip(*twins))
+            emb[spaced, _A] = emb[plain, _A]
+            space_dir = torch.randn(64, generator=g)
+            emb[spaced, _D] = space_gain * embed_std * space_dir / space_dir.norm() * math.sqrt(64)
         for layer in layers:  # every block starts as the identity...
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()

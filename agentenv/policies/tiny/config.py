@@ -11,7 +11,7 @@ from typing import Any
 
 from agentenv.errors import ConfigError
 
-BUILD_VERSION = 5
+BUILD_VERSION = 6
 """Bump whenever the build code changes what is built (part of the cache key). The
 key deliberately does not hash this package's source: editing the code must not
 silently send every test run into a rebuild."""
@@ -51,6 +51,10 @@ class TinyBuildConfig:
         copy_circuit: Start from weights that hold a copy (induction) circuit
             (see `agentenv.policies.tiny.circuits`); without it the SFT stalls
             on the induction plateau within this budget.
+        space_twins: With the copy circuit, a word piece and its space-prefixed
+            spelling (`Mask`, `ĠMask`) start with one identity, so a name copies
+            across the start of a line, a tag and mid-sentence (see
+            `agentenv.policies.tiny.circuits`).
         copy_weight: SFT loss weight of copied content (policy tokens that occur
             in the question or a tool result but not in the system prompt; see
             `agentenv.policies.tiny.sft.copy_weights`); the other policy tokens weigh 1.
@@ -84,6 +88,7 @@ class TinyBuildConfig:
     n_heldout: int = 30
     kb_scale: int = 4
     copy_circuit: bool = True
+    space_twins: bool = True
     copy_weight: float = 10.0
     search_k: int = 3
     max_result_tokens: int = 256

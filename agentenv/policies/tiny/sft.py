@@ -51,9 +51,10 @@ def init_model(cfg: TinyBuildConfig, tokenizer: Any) -> tuple[Any, list[Any]]:
     model = make_model(cfg, tokenizer)
     hooks: list[Any] = []
     if cfg.copy_circuit:
-        from agentenv.policies.tiny.circuits import install_copy_circuit
+        from agentenv.policies.tiny.circuits import install_copy_circuit, space_twins
 
-        hooks = install_copy_circuit(model, seed=cfg.seed)
+        twins = space_twins(tokenizer) if cfg.space_twins else []
+        hooks = install_copy_circuit(model, twins=twins, seed=cfg.seed)
     return model, hooks
 
 
