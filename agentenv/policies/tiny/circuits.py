@@ -38,6 +38,7 @@ special); only the starting point differs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -69,7 +70,7 @@ def install_copy_circuit(
     position_logit: float = 100.0,
     position_pairs: int = 6,
     static_pair_from: int = 20,
-    twins: list[tuple[int, int]] = (),
+    twins: Sequence[tuple[int, int]] = (),
     space_gain: float = 1.0,
     seed: int = 0,
 ) -> list[Any]:
