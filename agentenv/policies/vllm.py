@@ -347,6 +347,12 @@ def engine_args(cfg: VLLMPolicyConfig) -> Any:
         kwargs["max_num_seqs"] = cfg.max_num_seqs
     if cfg.block_size is not None:
         kwargs["block_size"] = cfg.block_size
+    if on_cpu:
+        # A prompt prefilled in chunks has its sampled token discarded and its
+        # seeded generator rewound; a CPU torch.Generator cannot rewind, and the
+        # engine dies ("CPU Generator does not use offset") once a seeded batch's
+        # prompts exceed one step's token budget. Whole prompts only on CPU.
+        kwargs["enable_chunked_prefill"] = False
     kwargs.update(cfg.engine_kwargs)
     return AsyncEngineArgs(**kwargs)
 

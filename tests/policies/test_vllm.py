@@ -270,6 +270,26 @@ def _random_prompt(seed: int, n: int, vocab: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+async def test_seeded_batch_larger_than_one_step_budget(policy):
+    """Seeded sampling while the prompts waiting exceed one engine step's token budget.
+
+    With chunked prefill, vLLM discards the token sampled for a half-prefilled
+    prompt and rewinds that request's generator, which a CPU generator cannot
+    do: the engine died ("CPU Generator does not use offset") on a trainer's
+    first batch. 24 prompts of 600 tokens are 14,400 tokens to prefill.
+    """
+    prompts = [_random_prompt(100 + i, 600, policy.vocab_size) for i in range(24)]
+    gens = await asyncio.gather(
+        *(policy.generate(p, SamplingParams(max_tokens=8, temperature=0.7, seed=i)) for i, p in enumerate(prompts))
+    )
+    for g in gens:
+        assert 1 <= len(g.token_ids) <= 8
+        assert len(g.logprobs) == len(g.entropies) == len(g.token_ids)
+        assert all(np.isfinite(g.logprobs))
+    again = await policy.generate(prompts[0], SamplingParams(max_tokens=8, temperature=0.7, seed=0))
+    assert len(again.token_ids) >= 1  # the engine still serves
+
+
 def test_prefix_cache_hits_for_shared_prefixes(policy):
     prefix = _random_prompt(7, 100, policy.vocab_size)
     params = SamplingParams(max_tokens=4, temperature=1.0)
