@@ -52,6 +52,7 @@ from typing import Any, Coroutine, Iterable, Iterator, Literal, Mapping
 import numpy as np
 
 from agentenv.errors import ConfigError, InfraError
+from agentenv.policies._reaper import Reaper, child_pids
 from agentenv.types import FinishReason, Generation, SamplingParams
 
 __all__ = [
@@ -446,11 +447,14 @@ class VLLMPolicy:
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
         self._loop = _EngineLoop("agentenv-vllm")
+        before = child_pids()
         try:
             self._engine = self._loop.call(self._start_engine())
         except BaseException:
             self._loop.stop()
             raise
+        # The engine's processes end with ours, even when we are killed with SIGKILL.
+        self._reaper = Reaper(child_pids() - before)
         # Shut the engine down before interpreter teardown if the owner never closes it.
         atexit.register(_close_at_exit, weakref.ref(self))
         model_config = self._engine.model_config
@@ -688,6 +692,7 @@ class VLLMPolicy:
             self._loop.call(_shutdown(), timeout=120)
         finally:
             self._loop.stop()
+            self._reaper.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
 

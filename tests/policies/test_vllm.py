@@ -341,3 +341,65 @@ def test_load_weights_after_a_training_step(policy, served):
     restored = policy.generate_sync(prompt, params)
     assert restored.token_ids == before.token_ids
     np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-5)
+
+
+_OWNER = """
+import sys
+
+import psutil
+
+from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
+
+if __name__ == "__main__":
+    cfg = VLLMPolicyConfig(model=sys.argv[1], dtype="float32", max_model_len=512, enforce_eager=True,
+                           cpu_kvcache_space_gib=1)
+    policy = make_vllm_policy(cfg)
+    print("PIDS", *(p.pid for p in psutil.Process().children(recursive=True)), flush=True)
+    sys.stdin.read()  # until the test kills us
+"""
+
+
+def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path):
+    """A trainer killed with SIGKILL runs no cleanup; its vLLM engine must not live on as orphans."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER)
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), served["path"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith("PIDS"):  # vLLM logs to stdout too
+            line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()[1:]]
+        assert pids, f"no engine processes reported ({line!r}, exit {proc.poll()})"
+        procs = [psutil.Process(p) for p in pids]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def running() -> list[int]:
+        out = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.monotonic() + 60
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = running()
+    for pid in left:  # do not leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"engine processes outlived their owner: {left}"
