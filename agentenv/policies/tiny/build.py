@@ -142,7 +142,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
     """Build the tiny model into `out_dir` (no cache, no lock).
 
     Steps: tokenizer; toy tasks and corpus; SFT traces through the real env and
-    tools; cold-start SFT; save; held-out evaluation (greedy and sampled at T=1).
+    tools; cold-start SFT; save; held-out evaluation (greedy and sampled at `eval_temperature`).
 
     Returns:
         The build info, also written to `out_dir/build_info.json`.
@@ -202,7 +202,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
             tokenizer.save_pretrained(out)
             t = lap("save_s", t)
 
-            log("held-out evaluation (greedy and T=1.0) with the real tools ...")
+            log(f"held-out evaluation (greedy and T={cfg.eval_temperature:g}) with the real tools ...")
             scores = asyncio.run(_evaluate(model, tokenizer, eval_suite.heldout, eval_tools, cfg))
             t = lap("eval_s", t)
         for mode, res in scores.items():
@@ -220,8 +220,9 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
             "env": {
                 "search_k": cfg.search_k,
                 "max_result_tokens": cfg.max_result_tokens,
-                "max_context_tokens": cfg.max_context_tokens,
+                "max_context_tokens": cfg.eval_context_tokens,
                 "max_turn_tokens": cfg.eval_max_tokens,
+                "sampled_temperature": cfg.eval_temperature,
             },
             "times_s": times,
             "build_seconds": round(time.perf_counter() - t_start, 1),
@@ -244,11 +245,11 @@ async def _evaluate(model: Any, tokenizer: Any, heldout: list, tools: list, cfg:
     kw = {
         "max_turn_tokens": cfg.eval_max_tokens,
         "max_result_tokens": cfg.max_result_tokens,
-        "max_context_tokens": cfg.max_context_tokens,
+        "max_context_tokens": cfg.eval_context_tokens,
         "seed": cfg.seed,
     }
     greedy, sampled = await asyncio.gather(
         evaluate_policy(policy, heldout, tools, tokenizer, temperature=0.0, **kw),
-        evaluate_policy(policy, heldout, tools, tokenizer, temperature=1.0, **kw),
+        evaluate_policy(policy, heldout, tools, tokenizer, temperature=cfg.eval_temperature, **kw),
     )
-    return {"greedy": greedy, "sampled_t1": sampled}
+    return {"greedy": greedy, "sampled": sampled}

@@ -61,7 +61,7 @@ class TinyBuildConfig:
         search_k: Results per search when making traces and evaluating (the
             search tool's default, ARPO's top 10).
         max_result_tokens: Result budget of the env (the run config's default).
-        max_context_tokens: Context budget of the env (the run config's default).
+        max_context_tokens: Context budget of the env while making the SFT traces.
         sft_steps: Optimizer steps of the cold-start SFT.
         batch_tokens: Tokens (padding included) per SFT batch.
         lr: Peak learning rate (linear warmup, cosine decay).
@@ -71,6 +71,11 @@ class TinyBuildConfig:
             (`build_info.json` then says so). Off by default, since a build cut
             short on a loaded machine would cache a weaker model.
         eval_max_tokens: Most tokens per policy turn at evaluation.
+        eval_context_tokens: Context budget of the held-out evaluation (the toy
+            run configs': correct toy episodes are at most ~400 tokens; failed
+            ones run to the budget, which is what the evaluation's time goes to).
+        eval_temperature: Temperature of the sampled held-out evaluation (the
+            toy run configs' sampling temperature); the other one is greedy.
         threads: torch CPU threads during the build (None: torch's default).
     """
 
@@ -100,6 +105,8 @@ class TinyBuildConfig:
     weight_decay: float = 0.01
     max_sft_seconds: float | None = None
     eval_max_tokens: int = 96
+    eval_context_tokens: int = 512
+    eval_temperature: float = 0.7
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -133,11 +140,18 @@ class TinyBuildConfig:
             )
         if self.vocab_size < 512:
             raise ConfigError("tiny.vocab_size", f"must be >= 512 (bytes plus merges), got {self.vocab_size}")
-        for name in ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens"):
+        for name in ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens", "eval_context_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"tiny.{name}", f"must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ConfigError("tiny.lr", f"must be > 0, got {self.lr}")
+        if self.eval_context_tokens > self.max_position_embeddings:
+            raise ConfigError(
+                "tiny.eval_context_tokens",
+                f"{self.eval_context_tokens} exceeds max_position_embeddings {self.max_position_embeddings}",
+            )
+        if not self.eval_temperature > 0:
+            raise ConfigError("tiny.eval_temperature", f"must be > 0 (greedy is always evaluated), got {self.eval_temperature}")
 
     @classmethod
     def with_overrides(cls, **overrides: Any) -> "TinyBuildConfig":
