@@ -2,76 +2,48 @@
 
 vLLM runs its engine in child processes. A trainer killed with SIGKILL runs no
 cleanup, and the engine lived on as orphans holding cores and memory. A reaper
-is a small watchdog process that holds the read end of a pipe whose write end
-only the owner has: when the owner dies, the pipe reads EOF and the reaper
-ends the processes it was given (SIGTERM, then SIGKILL after a grace period).
-A clean `close()` closes the pipe after the processes have exited, and the
-reaper finds nothing left to do.
+is a small watchdog process (this module run with `-m`) that holds the read
+end of a pipe whose write end only the owner has: when the owner dies, the
+pipe reads EOF and the reaper ends the processes it was given (SIGTERM, then
+SIGKILL after a grace period). A clean `release()` closes the pipe after the
+processes have exited, and the reaper finds nothing left to do.
+
+Processes are named by pid and start time, so a pid the kernel has since
+given to another process is never signalled. Linux only (/proc).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Iterable
 
-# Runs in a fresh interpreter: standard library only (psutil is optional there).
-_WATCH = r"""
-import os, signal, sys, time
 
-def start_time(pid):
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    return None if fields[0] in "ZX" else fields[19]  # a zombie is done
-
-targets = [(int(p), s) for p, s in (a.split(":") for a in sys.argv[2:])]
-grace = float(sys.argv[1])
-sys.stdin.buffer.read()  # EOF: the owner closed the pipe or died
-
-def alive():
-    return [p for p, s in targets if start_time(p) == s]  # same start time: not a reused pid
-
-for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-    pids = alive()
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except OSError:
-            pass
-    end = time.monotonic() + wait
-    while alive() and time.monotonic() < end:
-        time.sleep(0.1)
-"""
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
+    """Start time (clock ticks since boot) of a living process; None if gone or a zombie."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] in "ZX" else fields[19]
 
 
 def child_pids() -> set[int]:
-    """Every living descendant of this process (Linux /proc; empty elsewhere)."""
+    """Every living descendant of this process (empty where there is no /proc)."""
     try:
-        entries = os.listdir("/proc")
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
     except OSError:
         return set()
-    parent: dict[int, int] = {}
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    parent = {int(n): int(f[1]) for n in names if (f := _stat(int(n))) is not None}
     found: set[int] = set()
     frontier = [os.getpid()]
     while frontier:
@@ -93,14 +65,13 @@ class Reaper:
     def __init__(self, pids: Iterable[int], grace_s: float = 5.0):
         targets = [f"{p}:{s}" for p in sorted(set(pids)) if (s := _start_time(p)) is not None]
         self._proc: subprocess.Popen | None = None
-        if not targets or not sys.platform.startswith("linux"):
+        if not targets:
             return
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _WATCH, str(grace_s), *targets],
+            [sys.executable, "-m", __name__, str(grace_s), *targets],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            close_fds=True,
             start_new_session=True,  # a Ctrl-C to the owner's group leaves the reaper to do its job
         )
 
@@ -118,3 +89,25 @@ class Reaper:
             proc.wait(timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
+
+
+def _watch(grace_s: float, targets: list[tuple[int, str]]) -> None:
+    """The reaper's body: wait for EOF on stdin, then end the targets still alive."""
+    sys.stdin.buffer.read()  # EOF: the owner closed the pipe or died
+
+    def alive() -> list[int]:
+        return [p for p, start in targets if _start_time(p) == start]
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for p in alive():
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+        end = time.monotonic() + wait_s
+        while alive() and time.monotonic() < end:
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    _watch(float(sys.argv[1]), [(int(p), s) for p, s in (a.split(":") for a in sys.argv[2:])])
