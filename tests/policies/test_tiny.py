@@ -199,9 +199,11 @@ def test_build_info_reports_partial_heldout_scores(tiny_model_path):
     greedy, sampled = (info["heldout"][m]["accuracy"] for m in ("greedy", "sampled"))
     assert set(greedy) == set(sampled) == set(KINDS)
     # evaluated as the toy run configs sample: their temperature and context budget
-    cfg = TinyBuildConfig()
-    assert info["env"]["sampled_temperature"] == cfg.eval_temperature == 0.7
-    assert info["env"]["max_context_tokens"] == cfg.eval_context_tokens == 512
+    from agentenv.configs import load_config
+
+    toy = load_config(Path(__file__).resolve().parents[2] / "configs" / "toy_grpo.yaml")
+    assert info["env"]["sampled_temperature"] == toy.policy.temperature
+    assert info["env"]["max_context_tokens"] == toy.env.max_context_tokens
     # Clear but partial over the held-out suite, with room to improve on every kind.
     assert 0.1 <= sum(greedy.values()) / len(KINDS) <= 0.9, greedy
     assert sum(sampled.values()) > 0, sampled

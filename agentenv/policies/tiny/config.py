@@ -140,7 +140,8 @@ class TinyBuildConfig:
             )
         if self.vocab_size < 512:
             raise ConfigError("tiny.vocab_size", f"must be >= 512 (bytes plus merges), got {self.vocab_size}")
-        for name in ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens", "eval_context_tokens"):
+        positive = ("sft_steps", "batch_tokens", "search_k", "max_result_tokens", "eval_max_tokens", "eval_context_tokens")
+        for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"tiny.{name}", f"must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -151,7 +152,9 @@ class TinyBuildConfig:
                 f"{self.eval_context_tokens} exceeds max_position_embeddings {self.max_position_embeddings}",
             )
         if not self.eval_temperature > 0:
-            raise ConfigError("tiny.eval_temperature", f"must be > 0 (greedy is always evaluated), got {self.eval_temperature}")
+            raise ConfigError(
+                "tiny.eval_temperature", f"must be > 0 (greedy is always evaluated), got {self.eval_temperature}"
+            )
 
     @classmethod
     def with_overrides(cls, **overrides: Any) -> "TinyBuildConfig":
