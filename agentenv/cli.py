@@ -98,7 +98,9 @@ def eval_(
             heldout = balanced_subset(rt.tasks.heldout, tasks or tc.eval_tasks)
             if not heldout:
                 raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
-            return await evaluate(rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.seed)
+            return await evaluate(
+                rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed
+            )
         finally:
             await rt.aclose()
 

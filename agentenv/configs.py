@@ -218,6 +218,10 @@ class TrainerConfig:
         eval_tasks: Held-out tasks per evaluation.
         eval_samples: Samples per held-out task (k of pass@k).
         eval_temperature: Sampling temperature of evaluation (0: greedy).
+        eval_seed: Seed of the evaluation's samples (None: `seed`). Fixed, runs
+            of different seeds score with the same per-request sampling seeds, so
+            their evaluations differ by what training did (and, on vLLM, by
+            batch-dependent numerics).
         rollout_timeout_s: Wall-clock limit of one trajectory.
     """
 
@@ -238,6 +242,7 @@ class TrainerConfig:
     eval_tasks: int = 64
     eval_samples: int = 1
     eval_temperature: float = 0.0
+    eval_seed: int | None = None
     rollout_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -253,6 +258,11 @@ class TrainerConfig:
             raise ConfigError("trainer.lr", f"must be > 0, got {self.lr}")
         if self.checkpoint_every < 1:
             raise ConfigError("trainer.checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
+
+    @property
+    def evaluation_seed(self) -> int:
+        """The seed evaluations sample with: `eval_seed`, else the run seed."""
+        return self.seed if self.eval_seed is None else self.eval_seed
 
 
 @dataclass(frozen=True)

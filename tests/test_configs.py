@@ -23,6 +23,14 @@ def test_overrides_are_typed_and_nested():
     assert cfg.policy.backend == "vllm"
 
 
+def test_evaluation_seed_is_the_run_seed_unless_fixed():
+    assert config_from_dict({}, ["trainer.seed=3"]).trainer.evaluation_seed == 3
+    fixed = config_from_dict({"trainer": {"eval_seed": 0}}, ["trainer.seed=3"]).trainer
+    assert fixed.evaluation_seed == 0 and fixed.seed == 3
+    with pytest.raises(ConfigError, match="trainer.eval_seed"):
+        config_from_dict({}, ["trainer.eval_seed=x"])
+
+
 def test_exponent_without_a_dot_is_a_number(tmp_path):
     # YAML 1.1 (PyYAML) reads `5e-5` as a string; a float field takes it as the number.
     cfg = config_from_dict({"trainer": {"lr": "1E-6"}}, ["trainer.max_grad_norm=5e-1"])

@@ -276,7 +276,10 @@ class Trainer:
         if self.acc.is_main_process and heldout:
             params = self.sampling_params(temperature=tc.eval_temperature)
             report = self.run(
-                evaluate(self.rt.policy, self.rt.make_env, heldout, samples=tc.eval_samples, params=params, seed=tc.seed)
+                evaluate(
+                    self.rt.policy, self.rt.make_env, heldout,
+                    samples=tc.eval_samples, params=params, seed=tc.evaluation_seed,
+                )  # fmt: skip
             )
         self.acc.wait_for_everyone()
         return report
