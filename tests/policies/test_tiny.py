@@ -98,6 +98,51 @@ def test_traces_are_token_exact_and_masked(tmp_path):
         assert tool_text.count("<result>") == len(task.metadata["solution"])
 
 
+def test_estimate_is_the_result_rounded_to_two_significant_digits():
+    from agentenv.policies.tiny.traces import estimate
+
+    assert estimate(4400900) == 4400000
+    assert estimate(1749267) == 1700000
+    assert estimate(-4021) == -4000
+    assert (estimate(385), estimate(395)) == (380, 400)  # a tie rounds to even, as round() does
+    assert estimate(99) == 99  # short results are exact: no estimate trace for them
+
+
+def test_estimate_traces_skip_the_tool_and_answer_well_formed_but_wrong(tmp_path):
+    from agentenv.policies.tiny.traces import (
+        ESTIMATE_THINK, estimate_turns, make_tools, make_traces_async, pick_estimates,
+    )  # fmt: skip
+    from agentenv.tasks.prompts import render_prompt
+    from agentenv.tasks.rewards import arpo_reward
+    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+
+    tok = load_tiny_tokenizer()
+    suite = build_toy_suite(ToyConfig(n_arith_train=10, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
+                                      n_twohop_heldout=0, n_both_heldout=0))  # fmt: skip
+    picked = pick_estimates(suite.train, 0.5, seed=0)
+    by_id = {t.id: t for t in suite.train}
+    assert len(picked) == 5 and {by_id[i].metadata["kind"] for i in picked} == {"arith"}
+    assert pick_estimates(suite.train, 0.5, seed=0) == picked != pick_estimates(suite.train, 0.5, seed=1)
+    tools = make_tools(suite.write_corpus(tmp_path / "c.jsonl"), 3)
+    traces, dropped = asyncio.run(make_traces_async(suite.train, tools, tok, 256, 2048, estimate_ids=picked))
+    assert dropped == 0 and len(traces) == len(suite.train)
+    estimates = [tr for tr in traces if tr.estimate]
+    assert {tr.task_id for tr in estimates} == picked  # none of these results is round
+    for tr in estimates:
+        task = by_id[tr.task_id]
+        prompt = render_prompt(tok, task.messages)
+        assert tr.token_ids[: len(prompt)] == prompt
+        assert all(tr.loss_mask[len(prompt):])  # one policy turn, no tool result
+        (turn,) = estimate_turns(task)
+        assert tok.decode(tr.token_ids[len(prompt):]) == turn and ESTIMATE_THINK in turn
+        r = arpo_reward(turn, task, {})
+        assert r.format_ok and not r.correct and r.score == 0.0
+    # The tool traces of the other arithmetic tasks are untouched.
+    assert sum(tr.kind == "arith" and not tr.estimate for tr in traces) == 5
+    with pytest.raises(ValueError, match="arithmetic"):
+        estimate_turns(next(t for t in suite.train if t.metadata["kind"] == "twohop"))
+
+
 def test_copy_weights_mark_content_carried_over_from_question_and_results():
     import torch
 
@@ -210,13 +255,17 @@ def test_build_info_reports_partial_heldout_scores(tiny_model_path):
     assert all(acc <= 0.9 for acc in greedy.values()), greedy
     # The python kind is solved partly when sampled too: RL's sampled groups carry a signal there.
     assert 0.1 <= greedy["arith"] <= 0.9 and 0.1 <= sampled["arith"] <= 0.9, (greedy, sampled)
+    # Some arithmetic traces skip the tool, so sampling sometimes answers without python (greedy
+    # takes the tool): what RL is to train away.
+    calls = {m: info["heldout"][m]["tool_calls"]["arith"] for m in ("greedy", "sampled")}
+    assert info["traces"]["estimates"] > 0 and calls["sampled"] < calls["greedy"], (info["traces"], calls)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="two-hop is 7% greedy, 3% sampled at T=0.7 after the SFT: the first hop is copied "
-    "right, the second often names the wrong entity of the result; 'both' is 7% greedy, 7% sampled",
+    reason="two-hop is 0% greedy and sampled at T=0.7 after the 480-step SFT (7% / 3% after 550 steps, "
+    "a build over 5 minutes): the second hop often names the wrong entity of the result; 'both' is 0% / 3%",
 )
 def test_every_kind_is_partially_solved_greedy_and_sampled(tiny_model_path):
     info = json.loads((tiny_model_path / "build_info.json").read_text())
@@ -244,7 +293,8 @@ def test_first_hop_query_copies_the_heldout_name_from_the_question(tiny_model_pa
 
     gens = asyncio.run(first_turns())
     right = [policy.tokenizer.decode(g.token_ids) == reference_turns(t)[0] for t, g in zip(tasks, gens)]
-    assert sum(right) >= 10, [policy.tokenizer.decode(g.token_ids) for g in gens]
+    # Chance is ~0 (the names are unseen); the 480-step SFT copies 7 of 16 (550 steps: 12).
+    assert sum(right) >= 6, [policy.tokenizer.decode(g.token_ids) for g in gens]
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 
 `ensure_tiny_model()` builds it once (tokenizer trained with `tokenizers` on the
 toy tasks' text, SFT on synthetic traces of correct tool use made through the
-real env and tools) and caches it under `$AGENTENV_CACHE/tiny/<key>/`
+real env and tools, plus a share of arithmetic traces that skip the tool and
+answer with a head estimate, so the cold-start model sometimes fails to call
+python where it must: what RL is to fix) and caches it under `$AGENTENV_CACHE/tiny/<key>/`
 (default `~/.cache/agentenv`). The folder loads with
 `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and is
 servable by vLLM. `python -m agentenv.policies.tiny` runs the build.

@@ -150,7 +150,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
     import torch
 
     from agentenv.policies.tiny.sft import init_model, train_sft
-    from agentenv.policies.tiny.traces import make_tools, make_traces_async
+    from agentenv.policies.tiny.traces import make_tools, make_traces_async, pick_estimates
     from agentenv.tasks.toy import ToyConfig, build_toy_suite
 
     cfg = cfg or TinyBuildConfig()
@@ -184,11 +184,18 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
             sft_tools = make_tools(sft_suite.write_corpus(Path(corpus_dir) / "sft_corpus.jsonl"), cfg.search_k)
             eval_tools = make_tools(eval_suite.write_corpus(Path(corpus_dir) / "toy_corpus.jsonl"), cfg.search_k)
             env_kw = {"max_result_tokens": cfg.max_result_tokens, "max_context_tokens": cfg.max_context_tokens}
-            traces, dropped = asyncio.run(make_traces_async(sft_suite.train, sft_tools, tokenizer, **env_kw))
+            estimates = pick_estimates(sft_suite.train, cfg.estimate_share, cfg.seed)
+            traces, dropped = asyncio.run(
+                make_traces_async(sft_suite.train, sft_tools, tokenizer, **env_kw, estimate_ids=estimates)
+            )
             t = lap("traces_s", t)
             by_kind = {k: sum(tr.kind == k for tr in traces) for k in KINDS}
+            n_est = sum(tr.estimate for tr in traces)
             n_tok = sum(len(tr) for tr in traces)
-            log(f"traces: {len(traces)} kept {by_kind}, {dropped} dropped, {n_tok} tokens ({times['traces_s']}s)")
+            log(
+                f"traces: {len(traces)} kept {by_kind} ({n_est} arith without the tool), {dropped} dropped, "
+                f"{n_tok} tokens ({times['traces_s']}s)"
+            )
 
             model, hooks = init_model(cfg, tokenizer)
             n_params = sum(p.numel() for p in model.parameters())
@@ -214,7 +221,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
             "config": {k: v for k, v in cfg.__dict__.items()},
             "params": n_params,
             "vocab_size": len(tokenizer),
-            "traces": {"kept": by_kind, "dropped": dropped, "tokens": n_tok},
+            "traces": {"kept": by_kind, "estimates": n_est, "dropped": dropped, "tokens": n_tok},
             "sft": sft,
             "heldout": scores,
             "env": {

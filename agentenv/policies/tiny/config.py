@@ -11,7 +11,7 @@ from typing import Any
 
 from agentenv.errors import ConfigError
 
-BUILD_VERSION = 6
+BUILD_VERSION = 7
 """Bump whenever the build code changes what is built (part of the cache key). The
 key deliberately does not hash this package's source: editing the code must not
 silently send every test run into a rebuild."""
@@ -41,6 +41,11 @@ class TinyBuildConfig:
         n_train_arith: Arithmetic (python) traces in the SFT mix.
         n_train_twohop: Two-search traces in the SFT mix.
         n_train_both: Search-then-python traces in the SFT mix.
+        estimate_share: Share of the arithmetic traces that skip the python tool and
+            answer with a head estimate (the result rounded to two significant
+            digits: well formed, wrong). A cold-start model that sometimes does not
+            call the tool where it must, as base models do: the behaviour RL is to
+            train away (the python kind's room to improve). 0 for tool traces only.
         n_heldout: Held-out tasks per kind for the score in `build_info.json`
             (the held-out split of the default toy suite of `seed`: what RL evaluates on).
         kb_scale: The SFT traces come from a toy suite whose knowledge base is
@@ -87,9 +92,10 @@ class TinyBuildConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 768
     max_position_embeddings: int = 2048
-    n_train_arith: int = 600
+    n_train_arith: int = 800
     n_train_twohop: int = 600
     n_train_both: int = 600
+    estimate_share: float = 0.4
     n_heldout: int = 30
     kb_scale: int = 4
     copy_circuit: bool = True
@@ -98,7 +104,7 @@ class TinyBuildConfig:
     search_k: int = 3
     max_result_tokens: int = 256
     max_context_tokens: int = 2048
-    sft_steps: int = 550
+    sft_steps: int = 480
     batch_tokens: int = 2048
     lr: float = 1e-3
     warmup_steps: int = 20
@@ -130,6 +136,8 @@ class TinyBuildConfig:
             )
         if self.n_train_arith + self.n_train_twohop + self.n_train_both == 0:
             raise ConfigError("tiny.n_train_arith", "the SFT mix is empty: give at least one kind some traces")
+        if not 0.0 <= self.estimate_share < 1.0:
+            raise ConfigError("tiny.estimate_share", f"must be in [0, 1), got {self.estimate_share!r}")
         if not isinstance(self.kb_scale, int) or self.kb_scale < 1:
             raise ConfigError("tiny.kb_scale", f"must be an int >= 1, got {self.kb_scale!r}")
         if self.copy_circuit and (self.hidden_size, self.num_heads, self.num_kv_heads) != (256, 4, 2):
