@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import operator
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,8 +190,6 @@ async def _trace_one(
 
 def pick_estimates(tasks: list[Task], share: float, seed: int) -> set[str]:
     """Ids of the arithmetic tasks (`share` of them, drawn with `seed`) whose traces skip the tool."""
-    import random
-
     arith = [t.id for t in tasks if t.metadata.get("kind") == "arith"]
     return set(random.Random(f"estimates-{seed}").sample(arith, round(share * len(arith))))
 
