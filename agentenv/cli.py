@@ -132,11 +132,19 @@ def bench(
 
 
 @tiny_app.command("build")
-def tiny_build(force: bool = typer.Option(False, help="Rebuild even if a cached build exists.")) -> None:
+def tiny_build(
+    overrides: Optional[list[str]] = typer.Argument(None, help="TinyBuildConfig fields, e.g. sft_steps=200."),
+    force: bool = typer.Option(False, help="Rebuild even if a cached build exists."),
+) -> None:
     """Build (or find in the cache) the embedded tiny model and print where it is."""
-    from agentenv.policies.tiny import ensure_tiny_model
+    from agentenv.policies.tiny import TinyBuildConfig, ensure_tiny_model
 
-    path = ensure_tiny_model(force=force) if force else ensure_tiny_model()
+    try:
+        fields = TinyBuildConfig.parse_overrides(overrides or [])
+        TinyBuildConfig.with_overrides(**fields)  # a bad value fails here, before any work
+    except ConfigError as e:
+        _fail(e)
+    path = ensure_tiny_model(force=force, **fields)
     info = Path(path, "build_info.json")
     if info.exists():
         typer.echo(info.read_text())

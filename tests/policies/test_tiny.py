@@ -215,6 +215,31 @@ def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "tiny").iterdir() if ".tmp-" in p.name]
 
 
+def test_tiny_build_command_takes_field_overrides(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentenv.cli import app
+
+    monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path))
+    runner = CliRunner()
+    bad = runner.invoke(app, ["tiny", "build", "nope=1"])
+    assert bad.exit_code == 2 and "tiny.nope" in bad.output
+    bad_value = runner.invoke(app, ["tiny", "build", "sft_steps=0"])
+    assert bad_value.exit_code == 2 and "tiny.sft_steps" in bad_value.output
+    assert not (tmp_path / "tiny").exists() or not any((tmp_path / "tiny").iterdir())  # nothing was built
+    # A real build, kept small by the overrides.
+    small = ["sft_steps=2", "n_train_arith=4", "n_train_twohop=2", "n_train_both=2", "n_heldout=1", "eval_max_tokens=8"]
+    res = runner.invoke(app, ["tiny", "build", *small])
+    assert res.exit_code == 0, res.output
+    path = Path(res.output.strip().splitlines()[-1])
+    assert path.parent == tmp_path / "tiny" and path.name == TinyBuildConfig.with_overrides(
+        sft_steps=2, n_train_arith=4, n_train_twohop=2, n_train_both=2, n_heldout=1, eval_max_tokens=8
+    ).cache_key()
+    info = json.loads((path / "build_info.json").read_text())
+    assert info["config"]["sft_steps"] == 2 and info["sft"]["steps"] == 2
+    assert info["traces"]["kept"] == {"arith": 4, "twohop": 2, "both": 2} and info["traces"]["estimates"] == 2
+
+
 # ---------------------------------------------------------------- the built model
 
 

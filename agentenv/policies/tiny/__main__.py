@@ -4,27 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 
-from agentenv.errors import ConfigError
 from agentenv.policies.tiny.build import build_tiny_model, ensure_tiny_model
 from agentenv.policies.tiny.config import TinyBuildConfig
-
-
-def _parse_overrides(items: list[str]) -> dict:
-    types = {f.name: f.type for f in fields(TinyBuildConfig)}
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(item, "an override must look like field=value")
-        if key not in types:
-            raise ConfigError(f"tiny.{key}", f"unknown field; valid fields: {sorted(types)}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="build into this folder instead of the cache")
     parser.add_argument("overrides", nargs="*", help="TinyBuildConfig fields, e.g. sft_steps=200")
     args = parser.parse_args(argv)
-    overrides = _parse_overrides(args.overrides)
+    overrides = TinyBuildConfig.parse_overrides(args.overrides)
     if args.out:
         info = build_tiny_model(args.out, TinyBuildConfig.with_overrides(**overrides))
         print(args.out)

@@ -173,6 +173,27 @@ class TinyBuildConfig:
             raise ConfigError(f"tiny.{bad[0]}", f"unknown field; valid fields: {sorted(known)}")
         return cls(**overrides)
 
+    @classmethod
+    def parse_overrides(cls, items: list[str]) -> dict[str, Any]:
+        """`["sft_steps=200", ...]` as field values (JSON where it parses, else the string).
+
+        Raises:
+            ConfigError: An item without `=`, or an unknown field.
+        """
+        known = {f.name for f in fields(cls)}
+        out: dict[str, Any] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(item, "an override must look like field=value")
+            if key not in known:
+                raise ConfigError(f"tiny.{key}", f"unknown field; valid fields: {sorted(known)}")
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        return out
+
     def cache_key(self) -> str:
         """Hash of this config, the build code and the data format the model must match."""
         h = hashlib.sha256()
