@@ -11,7 +11,7 @@ from typing import Any
 
 from agentenv.errors import ConfigError
 
-BUILD_VERSION = 7
+BUILD_VERSION = 8
 """Bump whenever the build code changes what is built (part of the cache key). The
 key deliberately does not hash this package's source: editing the code must not
 silently send every test run into a rebuild."""
@@ -60,6 +60,15 @@ class TinyBuildConfig:
             spelling (`Mask`, `ĠMask`) start with one identity, so a name copies
             across the start of a line, a tag and mid-sentence (see
             `agentenv.policies.tiny.circuits`).
+        freeze_circuit: With the copy circuit, the SFT keeps its token matching and
+            copying (previous-token and induction heads) fixed and trains the rest:
+            trained at the SFT's learning rate the circuit wore down in the first
+            steps and was relearned slowly, and held-out names were replaced by
+            train-world ones.
+        pointer_recency: With the copy circuit, one pointer head's attention prefers
+            recent positions by up to this many logits (0: none), so an answer or a
+            follow-up query copies the entity just written rather than an older one
+            in the same relation (see `agentenv.policies.tiny.circuits`).
         copy_weight: SFT loss weight of copied content (policy tokens that occur
             in the question or a tool result but not in the system prompt; see
             `agentenv.policies.tiny.sft.copy_weights`); the other policy tokens weigh 1.
@@ -90,21 +99,23 @@ class TinyBuildConfig:
     num_layers: int = 4
     num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 768
+    intermediate_size: int = 512
     max_position_embeddings: int = 2048
     n_train_arith: int = 800
     n_train_twohop: int = 600
     n_train_both: int = 600
-    estimate_share: float = 0.4
+    estimate_share: float = 0.3
     n_heldout: int = 30
-    kb_scale: int = 4
+    kb_scale: int = 16
     copy_circuit: bool = True
     space_twins: bool = True
+    freeze_circuit: bool = True
+    pointer_recency: float = 20.0
     copy_weight: float = 10.0
     search_k: int = 3
     max_result_tokens: int = 256
     max_context_tokens: int = 2048
-    sft_steps: int = 480
+    sft_steps: int = 420
     batch_tokens: int = 2048
     lr: float = 1e-3
     warmup_steps: int = 20
@@ -152,6 +163,8 @@ class TinyBuildConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"tiny.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.pointer_recency < 0:
+            raise ConfigError("tiny.pointer_recency", f"must be >= 0, got {self.pointer_recency}")
         if not self.lr > 0:
             raise ConfigError("tiny.lr", f"must be > 0, got {self.lr}")
         if self.eval_context_tokens > self.max_position_embeddings:

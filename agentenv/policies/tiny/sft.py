@@ -54,7 +54,9 @@ def init_model(cfg: TinyBuildConfig, tokenizer: Any) -> tuple[Any, list[Any]]:
         from agentenv.policies.tiny.circuits import install_copy_circuit, space_twins
 
         twins = space_twins(tokenizer) if cfg.space_twins else []
-        hooks = install_copy_circuit(model, twins=twins, seed=cfg.seed)
+        hooks = install_copy_circuit(
+            model, twins=twins, pointer_recency=cfg.pointer_recency, freeze=cfg.freeze_circuit, seed=cfg.seed
+        )
     return model, hooks
 
 
