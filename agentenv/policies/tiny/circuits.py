@@ -217,6 +217,8 @@ def frozen_parts(model: Any, freeze: bool = True) -> list[tuple[torch.nn.Paramet
     Always the previous-token heads' q/k rows (their attention comes from RoPE alone);
     with `freeze`, also their values and outputs and the induction head's q/k/v rows and
     output columns (o_proj is (out, in): a head's output is a block of input columns).
+    Pointer head 3 shares the induction head's keys and values, so only its query and
+    output learn.
     """
     hd = model.config.head_dim
     a0, a1 = model.model.layers[0].self_attn, model.model.layers[1].self_attn
