@@ -227,11 +227,10 @@ def frozen_parts(model: Any, freeze: bool = True) -> list[tuple[torch.nn.Paramet
     if freeze:
         rows += [(a0.v_proj, slice(0, hd)), (a1.q_proj, slice(2 * hd, 3 * hd)), (a1.k_proj, slice(hd, 2 * hd)),
                  (a1.v_proj, slice(hd, 2 * hd))]  # fmt: skip
-        cols += [(a0.o_proj, slice(0, 2 * hd)), (a1.o_proj, slice(2 * hd, 3 * hd))]
-    out: list[tuple[torch.nn.Parameter, Any]] = []
-    for lin, idx in rows:
-        out += [(lin.weight, idx), (lin.bias, idx)]
-    return out + [(lin.weight, (slice(None), idx)) for lin, idx in cols]
+        cols = [(a0.o_proj, slice(0, 2 * hd)), (a1.o_proj, slice(2 * hd, 3 * hd))]
+    return [(p, idx) for lin, idx in rows for p in (lin.weight, lin.bias)] + [
+        (lin.weight, (slice(None), idx)) for lin, idx in cols
+    ]
 
 
 def _zero(grad: torch.Tensor, idx: Any) -> torch.Tensor:
