@@ -69,17 +69,19 @@ def eval_(
 ) -> None:
     """Evaluate a checkpoint on held-out tasks: accuracy, pass@k, tool calls and tokens per task."""
     cfg = _load(config, overrides or [])
-    from agentenv.tasks.task import balanced_subset
-    from agentenv.training.evaluate import evaluate
-    from agentenv.training.build import build_runtime, resolve_model_path
-    from agentenv.types import SamplingParams
     import asyncio
 
-    model_path = resolve_model_path(cfg.model.path)
+    from agentenv.policies.models import resolve_model_path
+    from agentenv.tasks.task import balanced_subset
+    from agentenv.training.build import build_runtime
+    from agentenv.training.evaluate import evaluate
+
     if checkpoint is not None:
         model_path = str(checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint)
         if not Path(model_path, "config.json").exists():
             _fail(ConfigError("--checkpoint", f"{checkpoint} holds no model (no config.json in it or in its model/)"))
+    else:
+        model_path = resolve_model_path(cfg.model.path)
     if out is not None:  # checked before minutes of evaluation, not after
         if out.is_dir():
             _fail(ConfigError("--out", f"{out} is a directory; give a file path such as {out / 'eval.json'}"))
@@ -90,7 +92,7 @@ def eval_(
     tc = cfg.trainer
     n_samples = samples or tc.eval_samples
     temperature = tc.eval_temperature if n_samples == 1 else (tc.eval_temperature or cfg.policy.temperature)
-    params = SamplingParams(max_tokens=cfg.policy.max_turn_tokens, temperature=temperature, top_p=cfg.policy.top_p)
+    params = cfg.policy.sampling_params(temperature=temperature)
 
     async def go():
         rt = build_runtime(cfg, model_path)
@@ -99,8 +101,9 @@ def eval_(
             if not heldout:
                 raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
             return await evaluate(
-                rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed
-            )
+                rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed,
+                rollout=cfg.rollout,
+            )  # fmt: skip
         finally:
             await rt.aclose()
 
@@ -137,11 +140,12 @@ def tiny_build(
     force: bool = typer.Option(False, help="Rebuild even if a cached build exists."),
 ) -> None:
     """Build (or find in the cache) the embedded tiny model and print where it is."""
-    from agentenv.policies.tiny import TinyBuildConfig, ensure_tiny_model
+    from agentenv.loader import build_dataclass, field_overrides
+    from agentenv.toy.tiny import TinyBuildConfig, ensure_tiny_model
 
     try:
-        fields = TinyBuildConfig.parse_overrides(overrides or [])
-        TinyBuildConfig.with_overrides(**fields)  # a bad value fails here, before any work
+        fields = field_overrides(overrides or [])
+        build_dataclass(TinyBuildConfig, fields, "tiny")  # a bad value fails here, before any work
     except ConfigError as e:
         _fail(e)
     path = ensure_tiny_model(force=force, **fields)

@@ -20,6 +20,7 @@ class ConfigError(AgentEnvError, ValueError):
 
     def __init__(self, key: str, message: str):
         self.key = key
+        self.message = message
         super().__init__(f"{key}: {message}")
 
 

@@ -123,7 +123,7 @@ def main() -> None:
     from agentenv.policies.vllm import VLLMPolicy, VLLMPolicyConfig
 
     if args.model is None:
-        from agentenv.policies.tiny import ensure_tiny_model
+        from agentenv.toy.tiny import ensure_tiny_model
 
         args.model = str(ensure_tiny_model())
 

@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """Path of the embedded tiny model (built on first use, then cached)."""
-    from agentenv.policies.tiny import ensure_tiny_model
+    from agentenv.toy.tiny import ensure_tiny_model
 
     return ensure_tiny_model()

@@ -3,17 +3,32 @@
     from agentenv.algorithms import register, get_algorithm
     register("my_algo", "my_package.algo:MyAlgorithm")
 
-An algorithm is a sampler (how a Group is grown), an advantage estimator and a
-loss; see `agentenv.algorithms.base.Algorithm`.
+or, with no registration, `algorithm.name: my_package.algo:MyAlgorithm`; an
+installed package adds algorithms through the `agentenv.algorithms` entry-point
+group. An algorithm is a sampler (how a Group is grown), an advantage
+estimator, a loss and its token accounting; see `agentenv.algorithms.base.Algorithm`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentenv.errors import ConfigError
 from agentenv.registry import Registry
 
-_REGISTRY: Registry[Any] = Registry("algorithm", "algorithm.name")
+_MEMBERS = ("config_cls", "sampler", "advantages", "loss", "generated_tokens")
+
+
+def _check(obj: Any, key: str) -> Any:
+    missing = [m for m in _MEMBERS if not hasattr(obj, m)]
+    if missing:
+        raise ConfigError(
+            key, f"{obj!r} is not an algorithm: it lacks {', '.join(missing)} (see agentenv.algorithms.base.Algorithm)"
+        )
+    return obj
+
+
+_REGISTRY: Registry[Any] = Registry("algorithm", "algorithm.name", group="agentenv.algorithms", adapt=_check)
 
 
 def register(name: str, algorithm: Any, *, overwrite: bool = False) -> None:
@@ -22,7 +37,7 @@ def register(name: str, algorithm: Any, *, overwrite: bool = False) -> None:
 
 
 def get_algorithm(name: str) -> Any:
-    """The Algorithm class registered as `name`; unknown names list the known ones."""
+    """The Algorithm class called `name` (registered, an entry point, or `module:Class`); unknown names list the known ones."""
     return _REGISTRY.get(name)
 
 

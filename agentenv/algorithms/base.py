@@ -1,4 +1,4 @@
-"""What an algorithm plugin is made of: a sampler, an advantage estimator, a loss."""
+"""What an algorithm plugin is made of: a sampler, an advantage estimator, a loss, token accounting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from agentenv.types import Group, SamplingParams
+from agentenv.rollout.engine import RolloutConfig
+from agentenv.types import Group, SamplingParams, Trajectory
 
 
 @dataclass
@@ -83,12 +84,22 @@ class Algorithm(Protocol):
 
     `config_cls` is a validated dataclass; the trainer builds it from the
     `algorithm` section of the run config (minus `name`) and passes it to the
-    constructor.
+    constructor. The trainer uses nothing else of a plugin: register one by
+    name (`agentenv.algorithms.register`), name it as `module:attr`, or ship it
+    in the `agentenv.algorithms` entry-point group.
     """
 
     config_cls: ClassVar[type]
 
-    def sampler(self) -> Sampler: ...
+    def sampler(self, rollout: RolloutConfig | None = None) -> Sampler:
+        """A sampler for one training step, within the run's `rollout` limits (per-trajectory
+        timeout, concurrency over the step's groups)."""
+        ...
+
+    def generated_tokens(self, group: Group) -> int:
+        """Policy tokens the sampler generated for `group` (a shared prefix counts once);
+        `group_generated_tokens` counts any group whose trajectories record their branch points."""
+        ...
 
     def group_size(self) -> int:
         """Trajectories per task (G for GRPO, M for ARPO)."""
@@ -101,3 +112,17 @@ class Algorithm(Protocol):
     def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
+def generated_tokens(traj: Trajectory) -> int:
+    """Policy tokens this trajectory generated itself (those before `branch_token` are copies)."""
+    start = traj.branch_token if traj.parent_uid is not None and traj.branch_token is not None else 0
+    n, pos = 0, 0
+    for seg in traj.segments:
+        if seg.source == "policy":
+            n += max(0, pos + len(seg) - max(pos, start))
+        pos += len(seg)
+    return n
+
+
+def group_generated_tokens(group: Group) -> int:
+    """Policy tokens generated for a group, each shared prefix counted once (independent groups too)."""
+    return sum(generated_tokens(t) for t in group.trajectories)

@@ -24,6 +24,7 @@ length and evaluation (checked, see `BUDGET_KEYS`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +32,13 @@ from typing import Any
 
 import yaml
 
-from agentenv.configs import RunConfig, apply_overrides, build_dataclass, config_from_dict, parse_override
+from agentenv.configs import RunConfig, config_from_dict
+from agentenv.loader import apply_overrides, build_dataclass, parse_override
 from agentenv.errors import ConfigError
 
 # Sections of a run config; a command-line override starting with one of them
 # applies to every run, after the variant.
-RUN_SECTIONS = ("model", "policy", "env", "algorithm", "trainer", "logging")
+RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 # Dotted keys of the resolved run config that every variant must share, so the
 # comparison spends the same budget on the same tasks.

@@ -105,21 +105,16 @@ def _read_json(path: Path) -> Any:
 async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> Probe:
     from agentenv.rollout import derive_seed, run_group
     from agentenv.training.build import build_runtime
-    from agentenv.types import SamplingParams
 
     rt = build_runtime(cfg, model_path)
     try:
         tasks = balanced_subset(rt.tasks.heldout, probe.tasks)
-        params = SamplingParams(
-            max_tokens=cfg.policy.max_turn_tokens,
-            temperature=cfg.policy.temperature,
-            top_p=cfg.policy.top_p,
-            top_k=cfg.policy.top_k,
-        )
+        params = cfg.policy.sampling_params()
         # the same probe seeds for every variant of a seed: differences come from the policy
         groups = await asyncio.gather(
             *(
-                run_group(rt.policy, rt.make_env, t, probe.samples, params, seed=derive_seed(cfg.trainer.seed, 0xB3, i))
+                run_group(rt.policy, rt.make_env, t, probe.samples, params, seed=derive_seed(cfg.trainer.seed, 0xB3, i),
+                          config=cfg.rollout)  # fmt: skip
                 for i, t in enumerate(tasks)
             )
         )
@@ -207,7 +202,7 @@ def train_run(spec: RunSpec, bench: BenchConfig) -> RunResult:
 
 def base_probe(spec: RunSpec, bench: BenchConfig) -> Probe:
     """The untrained model's probe (once per benchmark; reused while its config holds)."""
-    from agentenv.training.build import resolve_model_path
+    from agentenv.policies.models import resolve_model_path
 
     d = Path(bench.output_dir) / "runs" / "_base"
     key = {"config": _json_roundtrip(spec.config.to_dict()), "probe": _json_roundtrip(dataclasses.asdict(bench.probe))}

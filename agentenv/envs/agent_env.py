@@ -18,89 +18,27 @@ import copy
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium.error import ResetNeeded
 
+from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn, parse_turn
-from agentenv.envs.results import (
-    DEFAULT_RESULT_TEMPLATE,
-    DEFAULT_TRUNCATION_MARKER,
-    ResultFormatter,
-    call_tool,
-    result_text,
-    validate_result_fields,
-)
+from agentenv.envs.results import ResultFormatter, call_tool, result_text
 from agentenv.envs.spaces import TokenSequence, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, Segment, Trajectory
 
-# reward_fn(response_text, task, tool_calls) -> object with .score, .correct, .format_ok
+# reward_fn(response_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
 
 _TAG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-
-
-@dataclass(frozen=True)
-class AgentEnvConfig:
-    """Limits and formats of an `AgentEnv` episode.
-
-    Attributes:
-        max_tool_calls: Most tool calls per episode (ARPO paper: 5 for
-            reasoning tasks, 6 for deep search). A call beyond it is not run: the
-            model reads that the limit is reached and should answer; a second
-            call beyond it ends the episode (`finish_reason="tool_limit"`).
-        max_context_tokens: Budget of the whole context (prompt, turns,
-            results). When it is full the episode is truncated
-            (`finish_reason="context"`).
-        max_result_tokens: Most tokens of one formatted tool result; longer
-            results are cut and marked.
-        tool_timeout_s: Wall-clock limit of one tool call; a timeout becomes a
-            result the model reads.
-        result_template: How a result is shown; holds `{text}` once.
-        truncation_marker: Appended to a result text that was cut.
-    """
-
-    max_tool_calls: int = 5
-    max_context_tokens: int = 4096
-    max_result_tokens: int = 512
-    tool_timeout_s: float = 60.0
-    result_template: str = DEFAULT_RESULT_TEMPLATE
-    truncation_marker: str = DEFAULT_TRUNCATION_MARKER
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tool_calls, int) or self.max_tool_calls < 0:
-            raise ConfigError("env.max_tool_calls", f"must be an int >= 0, got {self.max_tool_calls!r}")
-        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 2:
-            raise ConfigError("env.max_context_tokens", f"must be an int >= 2, got {self.max_context_tokens!r}")
-        validate_result_fields(
-            "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
-        )
-        if self.max_result_tokens >= self.max_context_tokens:
-            raise ConfigError(
-                "env.max_result_tokens",
-                f"{self.max_result_tokens} must be below max_context_tokens {self.max_context_tokens}",
-            )
-
-    @classmethod
-    def coerce(cls, config: "AgentEnvConfig | Mapping[str, Any] | None") -> "AgentEnvConfig":
-        """Accept a config, a mapping of its fields (e.g. from YAML or `gymnasium.make`), or None."""
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if isinstance(config, Mapping):
-            unknown = set(config) - set(cls.__dataclass_fields__)
-            if unknown:
-                raise ConfigError(f"env.{sorted(unknown)[0]}", f"unknown key; valid keys: {sorted(cls.__dataclass_fields__)}")
-            return cls(**config)
-        raise ConfigError("env", f"expected AgentEnvConfig or a mapping, got {type(config).__name__}")
 
 
 def _check_tools(tools: Sequence[Tool]) -> dict[str, Tool]:
@@ -160,7 +98,7 @@ class AgentEnv(gymnasium.Env):
         *,
         owns_tools: bool = False,
     ):
-        self.config = AgentEnvConfig.coerce(config)
+        self.config = build_dataclass(AgentEnvConfig, config, "env")
         self.tokenizer = tokenizer
         self._prototypes = _check_tools(tools)
         self._reward_fn = reward_fn

@@ -1,43 +1,29 @@
 """Entry points of the registered envs (imported only when `gymnasium.make` asks).
 
-Each factory fills in the defaults a user of `gymnasium.make` would expect: the
-tiny model's tokenizer and the toy tasks. They load lazily, here, so that
-`import agentenv` stays cheap.
+Each factory fills in the defaults a user of `gymnasium.make` would expect:
+the default model's tokenizer, and the default env config's task source (its
+tasks, and the options it gives tools, such as the search corpus). They load
+lazily, here, so that `import agentenv` stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentenv.envs.agent_env import AgentEnv, AgentEnvConfig, RewardFn
 from agentenv.envs.tool_env import ToolEnv, ToolEnvConfig
 from agentenv.errors import ConfigError
+from agentenv.registry import as_part
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
+from agentenv.tools.registry import get_tool
 
 
 def _default_tokenizer() -> Any:
-    from agentenv.policies.tiny import load_tiny_tokenizer
+    from agentenv.policies.models import DEFAULT_MODEL, load_tokenizer
 
-    return load_tiny_tokenizer()
-
-
-def resolve(ref: str | Callable[..., Any], key: str) -> Callable[..., Any]:
-    """A callable from itself or from a `"module.path:attr"` string."""
-    if callable(ref):
-        return ref
-    if not isinstance(ref, str) or ":" not in ref:
-        raise ConfigError(key, f"expected a callable or 'module.path:attr', got {ref!r}")
-    module, _, attr = ref.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(key, f"cannot load {ref!r}: {e}") from e
-    if not callable(obj):
-        raise ConfigError(key, f"{ref!r} is not callable")
-    return obj
+    return load_tokenizer(DEFAULT_MODEL)
 
 
 def make_agent_env(
@@ -53,37 +39,64 @@ def make_agent_env(
 
     Args:
         tools: Prototype tools (default: none; the episode can only answer).
-        tokenizer: Default: the tiny model's tokenizer.
-        reward_fn: Default: ARPO's hierarchical reward.
+        tokenizer: Default: the default model's tokenizer (the tiny model's).
+        reward_fn: Default: the config's reward (ARPO's hierarchical reward).
         config: `AgentEnvConfig` or a mapping of its fields.
-        tasks: Tasks drawn at `reset` without a task; default: the toy train tasks.
+        tasks: Tasks drawn at `reset` without a task; default: the training
+            tasks of the config's task source (the toy tasks).
         owns_tools: Close the tools when the env is closed.
     """
+    from agentenv.loader import build_dataclass
+
+    cfg = build_dataclass(AgentEnvConfig, config, "env")
     if tokenizer is None:
         tokenizer = _default_tokenizer()
     if tasks is None:
-        from agentenv.tasks.toy import load_toy_tasks
+        tasks = cfg.tasks.load().train
+    if reward_fn is None:
+        reward_fn = cfg.reward_fn()
+    return AgentEnv(list(tools), tokenizer, reward_fn=reward_fn, config=cfg, tasks=tasks, owns_tools=owns_tools)
 
-        tasks = load_toy_tasks(split="train")
-    return AgentEnv(list(tools), tokenizer, reward_fn=reward_fn, config=config, tasks=tasks, owns_tools=owns_tools)
+
+def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None = None, key: str = "tool_env.tool") -> Tool:
+    """A prototype tool from a registered name, `module:attr` or a factory, its options checked.
+
+    Where the options leave them out, the default task source's tool options fill in
+    (the toy corpus for `search`).
+    """
+    if isinstance(tool, str):
+        part = get_tool(tool, key)
+        defaults = AgentEnvConfig(tools={}).tasks.tool_defaults().get(tool, {})
+    elif callable(tool):
+        part, defaults = as_part(tool, key), {}
+    else:
+        raise ConfigError(key, f"expected a tool name, 'module:attr' or a factory, got {tool!r}")
+    if part.config_cls is not None:
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(part.config_cls)}
+        defaults = {k: v for k, v in defaults.items() if k in names}
+    else:
+        defaults = {}
+    return part.make(part.config(options, key, defaults=defaults))
 
 
 def make_tool_env(
-    tool_factory: str | Callable[..., Tool],
+    tool: str | Callable[..., Tool],
     tokenizer: Any = None,
     env_config: ToolEnvConfig | Mapping[str, Any] | None = None,
-    **tool_kwargs: Any,
+    **tool_options: Any,
 ) -> ToolEnv:
-    """A ToolEnv over a tool built by `tool_factory(**tool_kwargs)`; the env owns (closes) the tool.
+    """A ToolEnv over a tool built from `tool` and its options; the env owns (closes) the tool.
 
     Args:
-        tool_factory: A callable returning a Tool, or `"module.path:attr"` naming one.
-        tokenizer: Default: the tiny model's tokenizer.
+        tool: A registered tool name (`search`), `"module.path:attr"`, or a factory.
+        tokenizer: Default: the default model's tokenizer.
         env_config: `ToolEnvConfig` or a mapping of its fields (named so that a
-            tool factory may take its own `config`).
-        **tool_kwargs: Passed to the factory.
+            tool may take its own `config`).
+        **tool_options: The tool's options (its config class's fields, or the factory's keywords).
     """
-    tool = resolve(tool_factory, "tool_env.tool_factory")(**tool_kwargs)
+    built = make_tool(tool, tool_options)
     if tokenizer is None:
         tokenizer = _default_tokenizer()
-    return ToolEnv(tool, tokenizer, config=env_config, owns_tool=True)
+    return ToolEnv(built, tokenizer, config=env_config, owns_tool=True)

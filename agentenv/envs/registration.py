@@ -4,8 +4,9 @@ Entry points are `"module:callable"` strings, so registering imports nothing
 heavy: `gymnasium.make` imports the module when an env is made. A wrong id gets
 gymnasium's suggestion of the closest registered name ("Did you mean ...").
 
-Tool developers add their env with one line in `register_builtin_envs`, e.g.
-`register_tool_env("Search", "agentenv.tools.search:make_search_tool")`.
+Every tool in the tool registry gets a `ToolEnv` (`agentenv/Search-v0` for
+`search`); a tool registered later adds its own with
+`register_tool_env("Calc", "calc")` (a tool name, `module:attr` or a factory).
 """
 
 from __future__ import annotations
@@ -45,32 +46,31 @@ def register_env(
 
 def register_tool_env(
     name: str,
-    tool_factory: str | Callable[..., Any],
+    tool: str | Callable[..., Any],
     version: int = 0,
     tool_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """Register a `ToolEnv` over the tool that `tool_factory(**tool_kwargs)` builds.
+    """Register a `ToolEnv` over the tool `tool` names, built with `tool_kwargs` as its options.
 
-    `gymnasium.make(id, tokenizer=..., env_config=..., **more_tool_kwargs)` makes it;
+    `gymnasium.make(id, tokenizer=..., env_config=..., **more_options)` makes it;
     the env owns (closes) the tool.
 
     Args:
         name: Env name, e.g. `Search` gives `agentenv/Search-v0`.
-        tool_factory: `"module.path:callable"` (kept lazy) or a callable returning a Tool.
+        tool: A registered tool name, `"module.path:attr"` (kept lazy) or a factory returning a Tool.
         version: The `-vN` suffix.
-        tool_kwargs: Default keyword arguments of the factory.
+        tool_kwargs: Default options of the tool.
 
     Returns:
         The env id.
     """
-    return register_env(
-        name, "agentenv.envs.factories:make_tool_env", version, {"tool_factory": tool_factory, **(tool_kwargs or {})}
-    )
+    return register_env(name, "agentenv.envs.factories:make_tool_env", version, {"tool": tool, **(tool_kwargs or {})})
 
 
 def register_builtin_envs() -> None:
-    """Register every env agentenv ships. Imports nothing beyond gymnasium."""
+    """Register `agentenv/Agent-v0` and a ToolEnv for each tool registered so far. Imports nothing beyond gymnasium."""
+    from agentenv.tools.registry import TOOLS, tool_env_name
+
     register_env("Agent", "agentenv.envs.factories:make_agent_env")
-    register_tool_env("Browser", "agentenv.tools.browser:make_browser_tool")
-    register_tool_env("Search", "agentenv.tools.search:make_search_tool")
-    register_tool_env("Python", "agentenv.tools.python_sandbox:make_python_tool")
+    for tool in TOOLS.registered():
+        register_tool_env(tool_env_name(tool), tool)

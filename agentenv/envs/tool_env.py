@@ -27,6 +27,7 @@ from agentenv.envs.results import (
 from agentenv.envs.spaces import TokenSequence, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.tools.base import Tool
 
 
@@ -55,22 +56,6 @@ class ToolEnvConfig:
             "tool_env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
         )
 
-    @classmethod
-    def coerce(cls, config: "ToolEnvConfig | Mapping[str, Any] | None") -> "ToolEnvConfig":
-        """Accept a config, a mapping of its fields, or None."""
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if isinstance(config, Mapping):
-            unknown = set(config) - set(cls.__dataclass_fields__)
-            if unknown:
-                raise ConfigError(
-                    f"tool_env.{sorted(unknown)[0]}", f"unknown key; valid keys: {sorted(cls.__dataclass_fields__)}"
-                )
-            return cls(**config)
-        raise ConfigError("tool_env", f"expected ToolEnvConfig or a mapping, got {type(config).__name__}")
-
 
 class ToolEnv(gymnasium.Env):
     """One tool as an env: query token ids in, result token ids out.
@@ -98,7 +83,7 @@ class ToolEnv(gymnasium.Env):
         *,
         owns_tool: bool = False,
     ):
-        self.config = ToolEnvConfig.coerce(config)
+        self.config = build_dataclass(ToolEnvConfig, config, "tool_env")
         self.tool = tool
         self.tokenizer = tokenizer
         self._owns_tool = owns_tool

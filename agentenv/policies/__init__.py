@@ -1,4 +1,8 @@
-"""Policies: the Policy protocol and its backends (hf, vllm, tiny). Backends load lazily."""
+"""Policies: the Policy protocol, its backends (hf, vllm, scripted) and models by name. Backends load lazily.
+
+A leaf: runs no env and no rollout. The policy backends (`backends.py`) and
+models (`models.py`) a config names are registries.
+"""
 
 from agentenv.policies.base import Policy
 

@@ -7,8 +7,8 @@ worker thread (`asyncio.to_thread`), so the event loop keeps serving tool calls.
 
 What the sampler reports per token is computed from the full distribution
 `softmax(logits / T)` (T = temperature, 1 for greedy): the logprob of the
-sampled token and its exact entropy. That is the distribution the trainer
-recomputes with `sequence_logprobs`. top-k / top-p truncation changes which
+sampled token and its exact entropy (`agentenv.policies.distribution`). That is
+the distribution the trainer recomputes (`agentenv.training.scoring`). top-k / top-p truncation changes which
 token is drawn but is NOT reflected in the reported logprob and entropy (as in
 vLLM's default "raw" logprobs).
 
@@ -23,68 +23,24 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from agentenv.errors import ConfigError
+from agentenv.policies.config import HFPolicyConfig
+from agentenv.policies.distribution import logprobs_and_entropy
 from agentenv.types import Generation, SamplingParams
 
-__all__ = ["HFPolicyConfig", "HFPolicy", "HFPolicyStats", "sequence_logprobs"]
+__all__ = ["HFPolicyConfig", "HFPolicy", "HFPolicyStats"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
-class HFPolicyConfig:
-    """Settings of the transformers policy.
-
-    Attributes:
-        model: Path (or hub id) of a causal LM saved with `save_pretrained`.
-        tokenizer: Tokenizer path; None uses `model`.
-        dtype: Weights and compute dtype. float32 keeps sampler and trainer
-            logprobs equal to ~1e-6.
-        device: `auto` (cuda when available, else cpu), `cpu`, `cuda` or `cuda:N`.
-        max_batch_size: Most sequences decoded together; further requests wait.
-        max_prefill_tokens: Most (padded) prompt tokens prefilled in one forward;
-            more new requests are prefilled in several forwards.
-        max_model_len: Longest context (prompt + generation); None uses the
-            model's `max_position_embeddings`.
-        attn_implementation: transformers attention kernel.
-        seed: Seeds the per-request generators of requests that bring no seed.
-    """
-
-    model: str
-    tokenizer: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "auto"
-    max_batch_size: int = 64
-    max_prefill_tokens: int = 16384
-    max_model_len: int | None = None
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ConfigError("policy.dtype", f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ConfigError("policy.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
-            raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
-        if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 1:
-            raise ConfigError("policy.max_prefill_tokens", f"must be an int >= 1, got {self.max_prefill_tokens!r}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError("policy.max_model_len", f"must be >= 2 or None, got {self.max_model_len!r}")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ConfigError(
-                "policy.attn_implementation", f"must be sdpa or eager, got {self.attn_implementation!r}"
-            )
-
-    def resolved_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+def _device(config: HFPolicyConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
 
 
 @dataclass
@@ -100,58 +56,6 @@ class HFPolicyStats:
 
 
 # --------------------------------------------------------------------------- pure functions
-
-
-def sequence_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score given sequences under `softmax(logits / T)`.
-
-    Works with left or right padding: position ids are derived from the mask.
-    Keeps the autograd graph (the trainer differentiates through it).
-
-    Args:
-        model: A causal LM (`model(input_ids, attention_mask, position_ids).logits`).
-        input_ids: (B, T) token ids.
-        attention_mask: (B, T), 1 on real tokens; None means all ones.
-        temperature: T; 0 (greedy) is scored at T = 1, as the sampler reports it.
-
-    Returns:
-        (logprobs, entropies), each (B, T-1): `logprobs[b, t]` is the
-        log-probability of `input_ids[b, t+1]` given `input_ids[b, :t+1]`, and
-        `entropies[b, t]` the entropy (nats) of that next-token distribution.
-        Values at padded positions are meaningless; mask them.
-    """
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, :-1].float()  # (B, T-1, V): predicts token t+1
-    logp, ent = logprobs_and_entropy(logits, temperature)  # (B, T-1, V), (B, T-1)
-    token_logp = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    return token_logp, ent
-
-
-def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-softmax of `logits / T` over the last dim and its exact entropy.
-
-    Args:
-        logits: (..., V), any float dtype (computed in float32).
-        temperature: A float, or a tensor broadcastable to `logits[..., :1]`;
-            zeros are read as 1 (greedy is reported at T = 1).
-
-    Returns:
-        (logp (..., V), entropy (...)).
-    """
-    if isinstance(temperature, torch.Tensor):
-        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
-    else:
-        t = float(temperature) if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / t, dim=-1)
-    p = logp.exp()
-    # p == 0 only where logp == -inf (masked logits); 0 * -inf would be nan.
-    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-    return logp, ent
 
 
 def _sample_rows(
@@ -254,7 +158,7 @@ class HFPolicy:
 
     def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Any = None):
         self.config = config
-        self.device = config.resolved_device()
+        self.device = _device(config)
         if tokenizer is None:
             from transformers import AutoTokenizer
 

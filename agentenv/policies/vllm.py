@@ -8,7 +8,7 @@ engine requests: the scheduler batches them continuously, a request joins the
 running batch at the next step and leaves it the moment it finishes.
 
 What the sampler reports per token (the same definition as the `hf` backend
-and the trainer's `sequence_logprobs`): the distribution `softmax(logits / T)`
+and the trainer's `agentenv.training.scoring`): the distribution `softmax(logits / T)`
 (T = temperature, 1 for greedy), from which we take
 
 - the logprob of the sampled token. The engine runs with

@@ -28,25 +28,25 @@ from agentenv.types import Generation, Group, SamplingParams, Trajectory
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """How episodes are driven.
+    """How episodes are driven: the run config's `rollout` section.
+
+    A turn's token budget is `SamplingParams.max_tokens` (the run's
+    `policy.max_turn_tokens`), within the env's remaining context.
 
     Attributes:
-        max_turn_tokens: Most tokens the policy may generate in one turn; None
-            uses `SamplingParams.max_tokens`. Each call also stays within the
-            env's remaining context budget.
         generation_timeout_s: Wall-clock limit of one `generate` call; None for no limit.
-        episode_timeout_s: Wall-clock limit of a whole episode; None for no limit.
-        max_concurrency: Most episodes in flight at once (per engine).
+        episode_timeout_s: Wall-clock limit of one trajectory (one episode, or one
+            path of a tree from where it starts); a trajectory past it is recorded
+            as failed and the rest of its group goes on. None for no limit.
+        max_concurrency: Most episodes in flight at once per sampler (in a run:
+            over the whole rollout batch of a step).
     """
 
-    max_turn_tokens: int | None = None
     generation_timeout_s: float | None = 600.0
-    episode_timeout_s: float | None = 3600.0
+    episode_timeout_s: float | None = 300.0
     max_concurrency: int = 256
 
     def __post_init__(self) -> None:
-        if self.max_turn_tokens is not None and (not isinstance(self.max_turn_tokens, int) or self.max_turn_tokens < 1):
-            raise ConfigError("rollout.max_turn_tokens", f"must be an int >= 1 or None, got {self.max_turn_tokens!r}")
         for key in ("generation_timeout_s", "episode_timeout_s"):
             v = getattr(self, key)
             if v is not None and not (isinstance(v, (int, float)) and v > 0):
@@ -155,8 +155,8 @@ class Episode:
         return [int(t) for t in obs]
 
     def turn_cap(self) -> int:
-        """Most tokens of one turn (config, else the base params)."""
-        return self.config.max_turn_tokens or self.params.max_tokens
+        """Most tokens of one turn (the base params')."""
+        return self.params.max_tokens
 
     async def generate(self, max_tokens: int | None = None, prefix: Generation | None = None) -> Generation:
         """Generate (part of) a turn from the current context.

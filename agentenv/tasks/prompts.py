@@ -23,16 +23,6 @@ ARPO_SYSTEM_PROMPT = (
     "with latex format."
 )
 
-# Short on purpose: the tiny model has a small context and learns from few examples.
-TOY_SYSTEM_PROMPT = (
-    "Answer the question. Think step by step inside <think></think>. "
-    "To look up a fact, search with <search>query</search>. "
-    "To compute, run code with <python>code</python>. "
-    "Each tool result comes back in <result></result>. "
-    "Give the final answer as <answer>\\boxed{...}</answer>."
-)
-
-
 def _fallback_render(messages: Sequence[Mapping[str, str]]) -> str:
     """`role: content` lines, then the open assistant turn."""
     lines = [f"{m['role']}: {m['content']}" for m in messages]

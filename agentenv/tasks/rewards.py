@@ -1,4 +1,25 @@
-"""ARPO's hierarchical reward, and the registry of reward functions.
+"""Rewards by name (`env.reward`): ARPO's hierarchical reward, F1, exact match, math equality.
+
+A reward is a function `reward(response, task, tool_calls)`:
+
+- `response`: the text the policy wrote in the episode (its turns, decoded);
+- `task`: the `Task` (its `ground_truth`, `metadata["answers"]`, `ability`);
+- `tool_calls`: calls per tool name in the episode, e.g. `{"search": 2, "python": 1}`
+  (`"invalid"` counts malformed calls and calls past the limit);
+
+and returns a `RewardResult` (or any object with `score` and `correct`), or a
+`(score, correct)` pair. Register one with `register_reward("name", fn)`, name
+it in a config as `module:attr`, or ship it in the `agentenv.rewards`
+entry-point group. Built in:
+
+- `arpo`: ARPO's hierarchical reward (below);
+- `f1`: token-level F1 of the answer against the references (correct: exact match);
+- `exact`: 1 for a normalized exact match, else 0;
+- `math`: 1 when the answer equals a reference as a number or symbolically
+  (`mathcheck.math_equal`: a sympy worker with a time bound), else 0.
+
+`f1`, `exact` and `math` read the answer from the last `<answer>...</answer>`
+block (the last `\\boxed{}` inside it, if any) and score 0 when there is none.
 
 ARPO (arXiv 2507.19849) scores a rollout in three tiers:
 
@@ -15,8 +36,10 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentenv.errors import ConfigError
+from agentenv.registry import Registry
 from agentenv.tasks.mathcheck import math_equal, normalize_math, unwrap_text
 from agentenv.tasks.task import Task
 
@@ -171,22 +194,96 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
     return RewardResult(score, correct, True, answer, verdict)
 
 
-RewardFn = Callable[[str, Task, Mapping[str, int]], RewardResult]
+def extract_answer(response: str) -> str | None:
+    """The answer of a response: the last `<answer>` block, or the last `\\boxed{}` inside it; None without one."""
+    block = _answer_block(response)
+    if block is None:
+        return None
+    boxed = extract_boxed(block)
+    answer = unwrap_text(boxed if boxed is not None else block).strip()
+    return answer or None
 
-REWARDS: dict[str, RewardFn] = {"arpo": arpo_reward}
+
+def f1_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+    """Token-level F1 of the answer against the best reference; correct on a normalized exact match."""
+    answer = extract_answer(response)
+    if answer is None:
+        return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
+    refs = _references(task)
+    score = max(f1_score(answer, r) for r in refs)
+    correct = any(exact_match(answer, r) for r in refs)
+    return RewardResult(score, correct, True, answer, "exact match" if correct else f"F1 {score:.2f}")
+
+
+def exact_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+    """1 when the answer matches a reference after SQuAD normalization, else 0."""
+    answer = extract_answer(response)
+    if answer is None:
+        return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
+    correct = any(exact_match(answer, r) for r in _references(task))
+    return RewardResult(float(correct), correct, True, answer, "exact match" if correct else "no match")
+
+
+def math_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+    """1 when the answer equals a reference (exact rationals, then sympy with a time bound), else 0."""
+    answer = extract_answer(response)
+    if answer is None:
+        return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
+    correct = any(math_equal(answer, r) for r in _references(task))
+    return RewardResult(float(correct), correct, True, answer, "equal" if correct else "not equal")
+
+
+RewardFn = Callable[[str, Task, Mapping[str, int]], Any]
+
+
+def _as_reward(fn: Any, key: str) -> RewardFn:
+    """A reward function whose result is always a `RewardResult`."""
+    if not callable(fn):
+        raise ConfigError(key, f"{fn!r} is not a reward function (response, task, tool_calls) -> score")
+
+    def reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+        return as_reward_result(fn(response, task, tool_calls))
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.__wrapped__ = fn  # type: ignore[attr-defined]
+    return reward
+
+
+def as_reward_result(r: Any) -> RewardResult:
+    """A reward function's result as a `RewardResult`."""
+    if isinstance(r, RewardResult):
+        return r
+    if isinstance(r, tuple) and len(r) == 2:
+        score, correct = r
+        return RewardResult(float(score), bool(correct), True, None, "")
+    if hasattr(r, "score"):
+        return RewardResult(float(r.score), bool(getattr(r, "correct", False)), bool(getattr(r, "format_ok", True)),
+                            getattr(r, "answer", None), str(getattr(r, "reason", "")))  # fmt: skip
+    raise TypeError(f"a reward must return a RewardResult, an object with .score and .correct, or (score, correct); got {r!r}")
+
+
+REWARDS: Registry[RewardFn] = Registry("reward", "env.reward", group="agentenv.rewards", adapt=_as_reward)
 """Reward functions by the name a config gives (`env.reward`)."""
 
 
+def register_reward(name: str, fn: RewardFn | str, *, overwrite: bool = False) -> None:
+    """Register a reward function (or a lazy `"module:attr"` string) under `name`."""
+    REWARDS.register(name, fn, overwrite=overwrite)
+
+
 def get_reward(name: str) -> RewardFn:
-    """The reward function registered under `name`.
+    """The reward function called `name` (registered, an entry point, or `module:attr`).
 
     Raises:
-        ConfigError: Unknown name; the message lists the known ones.
+        ConfigError: Unknown name (with the closest known ones) or a plugin that fails to import.
     """
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ConfigError("reward", f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS))}") from None
+    return REWARDS.get(name)
+
+
+register_reward("arpo", arpo_reward)
+register_reward("f1", f1_reward)
+register_reward("exact", exact_reward)
+register_reward("math", math_reward)
 
 
 __all__ = [
@@ -196,13 +293,19 @@ __all__ = [
     "RewardFn",
     "RewardResult",
     "arpo_reward",
+    "as_reward_result",
     "check_format",
     "exact_match",
+    "exact_reward",
+    "extract_answer",
     "extract_boxed",
+    "f1_reward",
     "f1_score",
     "get_reward",
+    "math_reward",
     "math_equal",
     "normalize_answer",
     "normalize_math",
+    "register_reward",
     "tags_balanced",
 ]

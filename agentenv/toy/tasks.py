@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentenv.errors import ConfigError
-from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
 from agentenv.tasks.task import Task
+
+# Short on purpose: the tiny model has a small context and learns from few examples.
+TOY_SYSTEM_PROMPT = (
+    "Answer the question. Think step by step inside <think></think>. "
+    "To look up a fact, search with <search>query</search>. "
+    "To compute, run code with <python>code</python>. "
+    "Each tool result comes back in <result></result>. "
+    "Give the final answer as <answer>\\boxed{...}</answer>."
+)
 
 Kind = Literal["arith", "twohop", "both"]
 Split = Literal["train", "heldout"]

@@ -1,137 +1,35 @@
 """Wiring: a RunConfig -> model path, tokenizer, policy, tools, tasks, env factory.
 
-Everything heavy is imported here, inside functions, when a config asks for it.
+Every part is looked up by name in its registry (`agentenv.registry`); what is
+heavy is imported here, inside functions, when a config asks for it.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from agentenv.configs import EnvConfig, PolicyConfig, RunConfig, TasksConfig
-from agentenv.errors import ConfigError
-from agentenv.tasks.task import Task, balanced_subset
+from agentenv.configs import RunConfig
+from agentenv.envs.config import AgentEnvConfig
+from agentenv.policies.backends import build_policy
+from agentenv.policies.models import resolve_model_path
+from agentenv.tasks.sources import TaskSet
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("AGENTENV_CACHE", Path.home() / ".cache" / "agentenv"))
+def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
+    """Prototype tools by the name the config gives them (episodes fork them)."""
+    return {name: part.make(config) for name, (part, config) in cfg.tool_parts().items()}
 
 
-def resolve_model_path(path: str) -> str:
-    """`tiny` -> the embedded tiny model (built once, then cached); anything else as given."""
-    if path == "tiny":
-        from agentenv.policies.tiny import ensure_tiny_model
-
-        return str(ensure_tiny_model())
-    return path
-
-
-def build_policy(cfg: PolicyConfig, model_path: str, dtype: str, seed: int) -> Any:
-    """The rollout policy for `policy.backend`."""
-    if cfg.backend == "hf":
-        from agentenv.policies.hf import HFPolicy, HFPolicyConfig
-
-        return HFPolicy(HFPolicyConfig(model=model_path, dtype=dtype, max_batch_size=cfg.max_batch_size, seed=seed))
-    if cfg.backend == "vllm":
-        from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
-
-        return make_vllm_policy(
-            VLLMPolicyConfig(
-                model=model_path,
-                dtype=dtype,
-                tensor_parallel_size=cfg.tensor_parallel_size,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=cfg.max_model_len,
-                entropy_mode=cfg.entropy_mode,
-                entropy_topk=cfg.entropy_topk,
-                enforce_eager=cfg.enforce_eager,
-                seed=seed,
-            )
-        )
-    raise ConfigError("policy.backend", f"unknown backend {cfg.backend!r}")
-
-
-@dataclass
-class TaskSet:
-    train: list[Task]
-    heldout: list[Task]
-    corpus_path: Path | None = None
-
-
-def build_tasks(cfg: TasksConfig) -> TaskSet:
-    """Training and held-out tasks (and, for toy tasks, the search corpus they need)."""
-    if cfg.source == "toy":
-        from agentenv.tasks.toy import GENERATOR_VERSION, ToyConfig, build_toy_suite
-
-        suite = build_toy_suite(ToyConfig(seed=cfg.seed))
-        kinds = set(cfg.kinds)
-        train = [t for t in suite.train if t.metadata["kind"] in kinds]
-        heldout = [t for t in suite.heldout if t.metadata["kind"] in kinds]
-        corpus = cache_root() / "toy" / f"v{GENERATOR_VERSION}-seed{cfg.seed}" / "corpus.jsonl"
-        if not corpus.exists():
-            corpus.parent.mkdir(parents=True, exist_ok=True)
-            tmp = corpus.with_suffix(f".tmp{os.getpid()}")
-            suite.write_corpus(tmp)
-            os.replace(tmp, corpus)
-        out = TaskSet(train, heldout, corpus)
-    else:
-        from agentenv.tasks.loaders import load_jsonl, load_verl_parquet
-
-        load = load_jsonl if cfg.source == "jsonl" else load_verl_parquet
-        train = load(cfg.path)
-        heldout = load(cfg.eval_path) if cfg.eval_path else []
-        out = TaskSet(train, heldout, None)
-    if cfg.limit is not None:
-        out.train = out.train[: cfg.limit]
-    if cfg.eval_limit is not None:
-        out.heldout = balanced_subset(out.heldout, cfg.eval_limit)
-    if not out.train:
-        raise ConfigError("env.tasks", "no training tasks were loaded")
-    return out
-
-
-def build_tools(cfg: EnvConfig, tasks: TaskSet, summarizer: Any = None) -> dict[str, Any]:
-    """Prototype tools by name (episodes fork them)."""
-    from agentenv.configs import tool_config
-
-    tools: dict[str, Any] = {}
-    for name in cfg.tools:
-        opts = dict(getattr(cfg, name))
-        if name == "search":
-            from agentenv.tools.search import make_search_tool
-
-            if "corpus" not in opts and tasks.corpus_path is not None:
-                opts["corpus"] = str(tasks.corpus_path)
-            tools[name] = make_search_tool(tool_config(name, opts))
-        elif name == "python":
-            from agentenv.tools.python_sandbox import make_python_tool
-
-            tools[name] = make_python_tool(tool_config(name, opts))
-        elif name == "browse":
-            from agentenv.tools.browser import make_browser_tool
-
-            tools[name] = make_browser_tool(tool_config(name, opts), summarizer=summarizer)
-    return tools
-
-
-def make_env_factory(cfg: EnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:
+def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:
     """A zero-argument callable returning a fresh AgentEnv over the prototype tools."""
-    from agentenv.envs import AgentEnv, AgentEnvConfig
-    from agentenv.tasks.rewards import get_reward
+    from agentenv.envs import AgentEnv
 
-    reward_fn = get_reward(cfg.reward)
-    env_cfg = AgentEnvConfig(
-        max_tool_calls=cfg.max_tool_calls,
-        max_context_tokens=cfg.max_context_tokens,
-        max_result_tokens=cfg.max_result_tokens,
-        tool_timeout_s=cfg.tool_timeout_s,
-    )
+    reward_fn = cfg.reward_fn()
     prototypes = list(tools.values())
 
     def make_env() -> Any:
-        return AgentEnv(prototypes, tokenizer, reward_fn=reward_fn, config=env_cfg)
+        return AgentEnv(prototypes, tokenizer, reward_fn=reward_fn, config=cfg)
 
     return make_env
 
@@ -159,11 +57,12 @@ class Runtime:
 
 
 def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
+    """Tokenizer, tasks, tools and the rollout policy of a run (`model_path`: the resolved `model.path`)."""
     from transformers import AutoTokenizer
 
     path = model_path or resolve_model_path(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tasks = build_tasks(cfg.env.tasks)
-    tools = build_tools(cfg.env, tasks)
-    policy = build_policy(cfg.policy, path, cfg.model.dtype, cfg.trainer.seed)
+    tasks = cfg.env.tasks.load()
+    tools = build_tools(cfg.env)
+    policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
     return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))

@@ -11,6 +11,7 @@ import numpy as np
 
 from agentenv.tasks.task import Task
 from agentenv.training.passk import pass_at_k
+from agentenv.rollout.engine import RolloutConfig
 from agentenv.types import Group, SamplingParams
 
 
@@ -85,15 +86,16 @@ async def evaluate(
     params: SamplingParams,
     seed: int,
     concurrency: int = 64,
+    rollout: RolloutConfig | None = None,
 ) -> EvalReport:
-    """Roll out `samples` independent episodes per task and summarize."""
+    """Roll out `samples` independent episodes per task and summarize (`rollout`: the run's per-trajectory limits)."""
     from agentenv.rollout import run_group
 
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
 
     async def one(i: int, task: Task) -> Group:
         async with sem:
-            return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919)
+            return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919, config=rollout)
 
     groups = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     return summarize(groups)

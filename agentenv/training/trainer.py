@@ -21,19 +21,19 @@ import numpy as np
 import torch
 
 from agentenv.algorithms import get_algorithm
-from agentenv.algorithms.arpo.tree import group_generated_tokens
 from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
-from agentenv.training import checkpoint as ckpt
-from agentenv.policies.hf import sequence_logprobs
+from agentenv.policies.models import resolve_model_path
 from agentenv.rollout import derive_seed
 from agentenv.tasks.task import balanced_subset
+from agentenv.training import checkpoint as ckpt
 from agentenv.training.batching import chunks, collate
-from agentenv.training.build import Runtime, build_runtime, resolve_model_path
+from agentenv.training.build import Runtime, build_runtime
 from agentenv.training.data import TaskStream
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
-from agentenv.types import Group, SamplingParams
+from agentenv.training.scoring import sequence_logprobs
+from agentenv.types import Group
 
 
 @dataclass
@@ -116,15 +116,6 @@ class Trainer:
         tok = self.rt.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
-    def sampling_params(self, temperature: float | None = None) -> SamplingParams:
-        p = self.cfg.policy
-        return SamplingParams(
-            max_tokens=p.max_turn_tokens,
-            temperature=p.temperature if temperature is None else temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-        )
-
     def unwrapped(self) -> torch.nn.Module:
         return self.acc.unwrap_model(self.model)
 
@@ -139,13 +130,12 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     async def rollout(self, tasks: list[Any], step: int, indices: list[int]) -> list[Group]:
         """One group per task; task `indices` (positions in the global batch) seed the samples."""
-        sampler = self.algorithm.sampler()
-        params = self.sampling_params()
-        timeout = self.cfg.trainer.rollout_timeout_s * 4
+        sampler = self.algorithm.sampler(self.cfg.rollout)  # bounds each trajectory and the step's concurrency
+        params = self.cfg.policy.sampling_params()
 
         async def one(j: int, task: Any) -> Group:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j])
-            return await asyncio.wait_for(sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed), timeout)
+            return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
 
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
@@ -236,7 +226,7 @@ class Trainer:
             "correct": float(sum(t.correct for t in trajs)),
             "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
             # tokens the sampler generated: a tree's shared prefixes count once
-            "gen_tokens": float(sum(group_generated_tokens(g) for g in groups)),
+            "gen_tokens": float(sum(self.algorithm.generated_tokens(g) for g in groups)),
             "failed": float(sum(t.failed for t in trajs)),
             "entropy_sum": float(ent.sum()) if ent.numel() else 0.0,
             "entropy_n": float(ent.numel()),
@@ -274,11 +264,11 @@ class Trainer:
         report = None
         heldout = balanced_subset(self.rt.tasks.heldout, n_tasks or tc.eval_tasks)
         if self.acc.is_main_process and heldout:
-            params = self.sampling_params(temperature=tc.eval_temperature)
+            params = self.cfg.policy.sampling_params(temperature=tc.eval_temperature)
             report = self.run(
                 evaluate(
                     self.rt.policy, self.rt.make_env, heldout,
-                    samples=tc.eval_samples, params=params, seed=tc.evaluation_seed,
+                    samples=tc.eval_samples, params=params, seed=tc.evaluation_seed, rollout=self.cfg.rollout,
                 )  # fmt: skip
             )
         self.acc.wait_for_everyone()

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from agentenv.algorithms.arpo import ARPO, ARPOConfig, TreeSampler, group_generated_tokens
+from agentenv.algorithms.arpo import ARPO, ARPOConfig, TreeSampler
+from agentenv.algorithms.base import group_generated_tokens
 from agentenv.algorithms.grpo import IndependentSampler
 from agentenv.envs.agent_env import AgentEnv
 from agentenv.envs.testing import CounterTool, EchoTool, FailingTool, SleepTool, boxed_reward, build_test_tokenizer, make_task

@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 
-from agentenv.algorithms.arpo import ARPOConfig, TreeSampler, group_generated_tokens
+from agentenv.algorithms.arpo import ARPOConfig, TreeSampler
+from agentenv.algorithms.base import group_generated_tokens
 from agentenv.algorithms.grpo import IndependentSampler
 from agentenv.configs import config_from_dict
 from agentenv.types import SamplingParams

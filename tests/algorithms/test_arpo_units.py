@@ -14,16 +14,14 @@ from agentenv.algorithms.arpo import (
     ARPOConfig,
     arpo_advantages,
     entropy_scale,
-    generated_tokens,
-    group_generated_tokens,
     shared_token_mean,
     should_branch,
     window_entropy,
 )
 from agentenv.algorithms.arpo.sampler import _cut_at_spanning_stop
-from agentenv.algorithms.base import Algorithm, Sampler, TrainBatch
+from agentenv.algorithms.base import Algorithm, Sampler, TrainBatch, generated_tokens, group_generated_tokens
 from agentenv.algorithms.grpo import GRPO, GRPOConfig, policy_loss
-from agentenv.configs import build_dataclass
+from agentenv.loader import build_dataclass
 from agentenv.envs.testing import build_test_tokenizer, make_task
 from agentenv.errors import ConfigError
 from agentenv.types import Generation, Group, Segment, Trajectory
@@ -230,6 +228,8 @@ def test_generated_tokens_count_shared_prefixes_once():
     assert [generated_tokens(t) for t in g] == [10, 5, 7]
     assert group_generated_tokens(g) == 22
     assert sum(t.num_policy_tokens for t in g) == 26  # b's 4 copied prefix tokens counted again
+    # the trainer asks the algorithm (its interface), not the tree module
+    assert ARPO().generated_tokens(g) == GRPO().generated_tokens(g) == 22
 
 
 def test_arpo_loss_is_grpos_loss():

@@ -38,7 +38,7 @@ def test_reset_renders_the_prompt(tok, task):
     assert obs.dtype == np.int64 and list(obs) == prompt == env.context
     assert info == {"task_id": "t0", "prompt_tokens": len(prompt)}
     assert env.stop_strings == ("</search>", "</python>", "</answer>")
-    assert env.remaining_tokens == 4096 - len(prompt)
+    assert env.remaining_tokens == AgentEnvConfig().max_context_tokens - len(prompt)
     assert env.task is task and env.prompt_len == len(prompt)
 
 
@@ -285,9 +285,9 @@ def test_config_validation(kwargs, key):
 
 
 def test_config_from_mapping_and_bad_tools(tok):
-    assert AgentEnvConfig.coerce({"max_tool_calls": 6}).max_tool_calls == 6
-    with pytest.raises(ConfigError, match="env.max_calls"):
-        AgentEnvConfig.coerce({"max_calls": 6})
+    assert AgentEnv([], tok, config={"max_tool_calls": 6}).config.max_tool_calls == 6
+    with pytest.raises(ConfigError, match=r"env\.max_calls: unknown key .*did you mean 'max_tool_calls'"):
+        AgentEnv([], tok, config={"max_calls": 6})
     with pytest.raises(ConfigError, match="two tools"):
         AgentEnv([EchoTool("search"), EchoTool("search")], tok)
     with pytest.raises(ConfigError, match="reserved"):

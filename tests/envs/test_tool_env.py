@@ -4,6 +4,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
+from agentenv.envs.testing import build_test_tokenizer
 from agentenv.envs.tool_env import ToolEnv, ToolEnvConfig
 from agentenv.envs.testing import CounterTool, EchoTool, SleepTool
 from agentenv.errors import ConfigError
@@ -78,4 +79,4 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="tool_env.max_calls"):
         ToolEnvConfig(max_calls=0)
     with pytest.raises(ConfigError, match="tool_env.bogus"):
-        ToolEnvConfig.coerce({"bogus": 1})
+        ToolEnv(EchoTool("search"), build_test_tokenizer(), config={"bogus": 1})

@@ -9,7 +9,8 @@ import torch
 
 from agentenv.errors import ConfigError
 from agentenv.policies.base import Policy
-from agentenv.policies.hf import HFPolicy, HFPolicyConfig, sequence_logprobs
+from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import SamplingParams
 
 from .conftest import make_small_model
@@ -264,22 +265,3 @@ def test_load_weights_changes_outputs(small_policy, small_tokenizer):
     torch.testing.assert_close(lp[0, len(prompt) - 1 :], torch.tensor(after.logprobs), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no parameter named"):
         small_policy.load_weights({"not.a.weight": torch.zeros(1)})
-
-
-def test_sequence_logprobs_padding_invariant_and_differentiable(small_tokenizer):
-    model = make_small_model(len(small_tokenizer))
-    seq = _prompt(small_tokenizer, "the quick brown fox jumps")
-    n = len(seq)
-    solo_lp, solo_ent = sequence_logprobs(model, torch.tensor([seq]))
-    left = torch.tensor([[0, 0, 0] + seq])
-    left_mask = torch.tensor([[0, 0, 0] + [1] * n])
-    right = torch.tensor([seq + [0, 0, 0]])
-    right_mask = torch.tensor([[1] * n + [0, 0, 0]])
-    llp, lent = sequence_logprobs(model, left, left_mask, 1.0)
-    rlp, rent = sequence_logprobs(model, right, right_mask, 1.0)
-    torch.testing.assert_close(llp[:, 3:], solo_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(rlp[:, : n - 1], solo_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(rent[:, : n - 1], solo_ent, atol=1e-5, rtol=0)
-    assert solo_lp.shape == (1, n - 1) and solo_lp.requires_grad
-    solo_lp.sum().backward()
-    assert model.model.embed_tokens.weight.grad is not None

@@ -125,7 +125,7 @@ def _prompts(tok, n=4):
 
 def _score(model, prompt, gen_ids, temperature):
     """Trainer-side logprobs and exact entropies of `gen_ids` after `prompt`."""
-    from agentenv.policies.hf import sequence_logprobs
+    from agentenv.training.scoring import sequence_logprobs
 
     ids = torch.tensor([prompt + gen_ids])
     with torch.no_grad():
@@ -307,7 +307,7 @@ def test_load_weights_after_a_training_step(policy, served):
     """vLLM's logprobs follow the trainer's weights only after `load_weights` (which also resets the cache)."""
     from transformers import AutoModelForCausalLM
 
-    from agentenv.policies.hf import sequence_logprobs
+    from agentenv.training.scoring import sequence_logprobs
 
     trained = AutoModelForCausalLM.from_pretrained(served["path"], dtype=torch.float32)
     original = {k: v.clone() for k, v in trained.state_dict().items()}

@@ -78,10 +78,10 @@ async def test_episode_records_masks_context_and_reward(tok, task):
 
 async def test_same_seed_same_trajectory(tok, task):
     make_env = env_factory(tok, max_context_tokens=200, max_result_tokens=64)
-    cfg = RolloutConfig(max_turn_tokens=8)
-    a = await run_group(RandomPolicy(tok), make_env, task, 3, SamplingParams(), seed=5, config=cfg)
-    b = await run_group(RandomPolicy(tok), make_env, task, 3, SamplingParams(), seed=5, config=cfg)
-    c = await run_group(RandomPolicy(tok), make_env, task, 3, SamplingParams(), seed=6, config=cfg)
+    params = SamplingParams(max_tokens=8)
+    a = await run_group(RandomPolicy(tok), make_env, task, 3, params, seed=5)
+    b = await run_group(RandomPolicy(tok), make_env, task, 3, params, seed=5)
+    c = await run_group(RandomPolicy(tok), make_env, task, 3, params, seed=6)
     ids = lambda g: [t.token_ids for t in g]  # noqa: E731
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
@@ -185,8 +185,8 @@ def test_concat_generations():
 
 
 def test_config_and_seeds():
-    with pytest.raises(ConfigError, match="rollout.max_turn_tokens"):
-        RolloutConfig(max_turn_tokens=0)
+    with pytest.raises(ConfigError, match="rollout.generation_timeout_s"):
+        RolloutConfig(generation_timeout_s=0)
     with pytest.raises(ConfigError, match="rollout.episode_timeout_s"):
         RolloutConfig(episode_timeout_s=-1)
     with pytest.raises(ConfigError, match="rollout.max_concurrency"):

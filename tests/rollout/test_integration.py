@@ -13,9 +13,9 @@ import pytest
 
 from agentenv.envs.agent_env import AgentEnv, AgentEnvConfig
 from agentenv.envs.checker import check_agent_env
-from agentenv.rollout import RolloutConfig, run_group
+from agentenv.rollout import run_group
 from agentenv.tasks.prompts import render_prompt
-from agentenv.tasks.toy import build_toy_suite, load_toy_tasks
+from agentenv.toy.tasks import build_toy_suite, load_toy_tasks
 from agentenv.types import SamplingParams
 
 
@@ -72,8 +72,7 @@ async def test_group_with_a_random_qwen2(toy_search):
         return AgentEnv([search], tok, config=env_cfg)
 
     task = tasks[0]
-    group = await run_group(policy, make_env, task, 3, SamplingParams(temperature=1.0), seed=0,
-                            config=RolloutConfig(max_turn_tokens=16))  # fmt: skip
+    group = await run_group(policy, make_env, task, 3, SamplingParams(max_tokens=16, temperature=1.0), seed=0)
     check_group(group, tok, task, env_cfg)
     assert all(t.reward == -1.0 for t in group)  # a random model never answers in format
 
@@ -81,9 +80,6 @@ async def test_group_with_a_random_qwen2(toy_search):
 @pytest.mark.slow
 async def test_group_with_the_tiny_model(request, toy_search):
     """The issue's integration test: the tiny model, the hf policy, local search, toy search tasks."""
-    tiny = pytest.importorskip("agentenv.policies.tiny", reason="the tiny model is not built into agentenv yet")
-    if not hasattr(tiny, "ensure_tiny_model"):
-        pytest.skip("agentenv.policies.tiny has no ensure_tiny_model yet")
     from agentenv.policies.hf import HFPolicy
 
     path = request.getfixturevalue("tiny_model_path")
@@ -97,8 +93,7 @@ async def test_group_with_the_tiny_model(request, toy_search):
 
     tool_segments = 0
     for i, task in enumerate(tasks):
-        group = await run_group(policy, make_env, task, 3, SamplingParams(temperature=1.0), seed=i,
-                                config=RolloutConfig(max_turn_tokens=96))  # fmt: skip
+        group = await run_group(policy, make_env, task, 3, SamplingParams(max_tokens=96, temperature=1.0), seed=i)
         check_group(group, tok, task, env_cfg)
         tool_segments += sum(s.source == "tool" for t in group for s in t.segments)
     # Results (of searches or of malformed calls) were appended as tool tokens, so mask 0 was exercised.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, TOY_SYSTEM_PROMPT, render_prompt, render_prompt_text
+from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, render_prompt, render_prompt_text
+from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
 
 VALID = "/work/shared/data/arpo/valid.parquet"
 

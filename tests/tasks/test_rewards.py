@@ -21,7 +21,7 @@ from agentenv.tasks.rewards import (
     tags_balanced,
 )
 from agentenv.tasks.task import Task
-from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
 
 
 def qa(truth: str, answers=None) -> Task:
@@ -218,6 +218,6 @@ def test_valid_parquet_ground_truths_score_themselves():
 
 
 def test_registry():
-    assert get_reward("arpo") is arpo_reward and "arpo" in REWARDS
-    with pytest.raises(ConfigError, match=r"reward: unknown reward 'arpoo'; known: arpo"):
+    assert get_reward("arpo").__wrapped__ is arpo_reward and "arpo" in REWARDS
+    with pytest.raises(ConfigError, match=r"env\.reward: unknown reward 'arpoo'\. Did you mean 'arpo'\?"):
         get_reward("arpoo")

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
-from agentenv.tasks.toy import (
+from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
+from agentenv.toy.tasks import (
     ToyConfig,
     build_toy_suite,
     load_toy_tasks,
@@ -235,7 +235,7 @@ def test_balanced_subset_takes_every_kind_in_turn():
     assert [x.id for x in balanced_subset(tasks, 5)] == ["a0", "b0", "c0", "a1", "b1"]
     assert balanced_subset(tasks, None) == tasks == balanced_subset(tasks, 99)
     # the toy held-out split is grouped by kind: its first 150 would miss a kind, a balanced 150 does not
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
     heldout = build_toy_suite(ToyConfig()).heldout
     kinds = {x.metadata["kind"] for x in heldout}
@@ -243,7 +243,7 @@ def test_balanced_subset_takes_every_kind_in_turn():
 
 
 def test_with_kb_scale_multiplies_every_knowledge_base_count():
-    from agentenv.tasks.toy import ToyConfig
+    from agentenv.toy.tasks import ToyConfig
 
     base = ToyConfig(seed=3, n_arith_train=7)
     big = base.with_kb_scale(3)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.policies.tiny import TinyBuildConfig, ensure_tiny_model, load_tiny_tokenizer
-from agentenv.policies.tiny.tokenizer import TAGS
-from agentenv.policies.tiny.traces import ReferencePythonTool, eval_print_arithmetic
+from agentenv.toy.tiny import TinyBuildConfig, ensure_tiny_model, load_tiny_tokenizer
+from agentenv.toy.tiny.tokenizer import TAGS
+from agentenv.toy.tiny.traces import ReferencePythonTool, eval_print_arithmetic
 
 KINDS = ("arith", "twohop", "both")
 
@@ -27,7 +27,7 @@ def test_config_rejects_head_dim_other_than_64():
     with pytest.raises(ConfigError, match="tiny.max_position_embeddings"):
         TinyBuildConfig(max_position_embeddings=1024, max_context_tokens=1024)
     with pytest.raises(ConfigError, match="tiny.nope"):
-        TinyBuildConfig.with_overrides(nope=1)
+        ensure_tiny_model(nope=1)
 
 
 def test_cache_key_follows_config():
@@ -69,9 +69,9 @@ def test_tokenizer_specials_tags_digits_and_chat_template():
 
 
 def test_traces_are_token_exact_and_masked(tmp_path):
-    from agentenv.policies.tiny.traces import make_tools, make_traces_async
+    from agentenv.toy.tiny.traces import make_tools, make_traces_async
     from agentenv.tasks.prompts import render_prompt
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
 
     tok = load_tiny_tokenizer()
     suite = build_toy_suite(ToyConfig(n_arith_train=2, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
@@ -99,7 +99,7 @@ def test_traces_are_token_exact_and_masked(tmp_path):
 
 
 def test_estimate_is_the_result_rounded_to_two_significant_digits():
-    from agentenv.policies.tiny.traces import estimate
+    from agentenv.toy.tiny.traces import estimate
 
     assert estimate(4400900) == 4400000
     assert estimate(1749267) == 1700000
@@ -109,12 +109,12 @@ def test_estimate_is_the_result_rounded_to_two_significant_digits():
 
 
 def test_estimate_traces_skip_the_tool_and_answer_well_formed_but_wrong(tmp_path):
-    from agentenv.policies.tiny.traces import (
+    from agentenv.toy.tiny.traces import (
         ESTIMATE_THINK, estimate_turns, make_tools, make_traces_async, pick_estimates,
     )  # fmt: skip
     from agentenv.tasks.prompts import render_prompt
     from agentenv.tasks.rewards import arpo_reward
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
     tok = load_tiny_tokenizer()
     suite = build_toy_suite(ToyConfig(n_arith_train=10, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
@@ -146,7 +146,7 @@ def test_estimate_traces_skip_the_tool_and_answer_well_formed_but_wrong(tmp_path
 def test_copy_weights_mark_content_carried_over_from_question_and_results():
     import torch
 
-    from agentenv.policies.tiny.sft import copy_weights
+    from agentenv.toy.tiny.sft import copy_weights
 
     # prefix (system prompt) 1 2 3 | question 7 8 9 | policy 7 4 8 | result 5 3 | policy 9 3 5
     ids = torch.tensor([[1, 2, 3, 7, 8, 9, 7, 4, 8, 5, 3, 9, 3, 5]])
@@ -160,8 +160,8 @@ def test_copy_weights_mark_content_carried_over_from_question_and_results():
 def test_space_twins_start_with_one_identity_and_a_common_space_direction():
     import torch
 
-    from agentenv.policies.tiny.circuits import _A, _D, install_copy_circuit, space_twins
-    from agentenv.policies.tiny.sft import make_model
+    from agentenv.toy.tiny.circuits import _A, _D, install_copy_circuit, space_twins
+    from agentenv.toy.tiny.sft import make_model
 
     tok = load_tiny_tokenizer()
     twins = space_twins(tok)
@@ -189,8 +189,8 @@ def test_space_twins_start_with_one_identity_and_a_common_space_direction():
 def test_pointer_head_prefers_recent_positions_and_leaves_the_induction_head_alone():
     import torch
 
-    from agentenv.policies.tiny.circuits import install_copy_circuit
-    from agentenv.policies.tiny.sft import make_model
+    from agentenv.toy.tiny.circuits import install_copy_circuit
+    from agentenv.toy.tiny.sft import make_model
 
     tok = load_tiny_tokenizer()
     ids = torch.randint(100, len(tok), (1, 300), generator=torch.Generator().manual_seed(0))
@@ -216,9 +216,9 @@ def test_pointer_head_prefers_recent_positions_and_leaves_the_induction_head_alo
 def test_sft_keeps_the_copy_circuit_fixed_and_trains_the_rest(freeze):
     import torch
 
-    from agentenv.policies.tiny.circuits import frozen_parts
-    from agentenv.policies.tiny.sft import init_model, train_sft
-    from agentenv.policies.tiny.traces import Trace
+    from agentenv.toy.tiny.circuits import frozen_parts
+    from agentenv.toy.tiny.sft import init_model, train_sft
+    from agentenv.toy.tiny.traces import Trace
 
     tok = load_tiny_tokenizer()
     cfg = TinyBuildConfig(sft_steps=3, warmup_steps=1, weight_decay=0.0, freeze_circuit=freeze)
@@ -246,7 +246,7 @@ def test_sft_keeps_the_copy_circuit_fixed_and_trains_the_rest(freeze):
 
 
 def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
-    from agentenv.policies.tiny import build as build_mod
+    from agentenv.toy.tiny import build as build_mod
 
     monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path))
     calls = []
@@ -291,7 +291,7 @@ def test_tiny_build_command_takes_field_overrides(tmp_path, monkeypatch):
     res = runner.invoke(app, ["tiny", "build", *small])
     assert res.exit_code == 0, res.output
     path = Path(res.output.strip().splitlines()[-1])
-    assert path.parent == tmp_path / "tiny" and path.name == TinyBuildConfig.with_overrides(
+    assert path.parent == tmp_path / "tiny" and path.name == TinyBuildConfig(
         sft_steps=2, n_train_arith=4, n_train_twohop=2, n_train_both=2, n_heldout=1, eval_max_tokens=8
     ).cache_key()
     info = json.loads((path / "build_info.json").read_text())
@@ -362,7 +362,7 @@ def test_first_hop_query_copies_the_heldout_name_from_the_question(tiny_model_pa
     """Held-out names are unseen in training: the first query must copy them token by token."""
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
     from agentenv.tasks.prompts import render_prompt
-    from agentenv.tasks.toy import load_toy_tasks, reference_turns
+    from agentenv.toy.tasks import load_toy_tasks, reference_turns
     from agentenv.types import SamplingParams
 
     policy = HFPolicy(HFPolicyConfig(model=str(tiny_model_path), device="cpu"))
@@ -381,10 +381,11 @@ def test_first_hop_query_copies_the_heldout_name_from_the_question(tiny_model_pa
 
 @pytest.mark.slow
 def test_tiny_model_solves_a_heldout_task_through_the_hf_policy(tiny_model_path, tmp_path):
-    from agentenv.policies.hf import HFPolicy, HFPolicyConfig, sequence_logprobs
-    from agentenv.policies.tiny.evaluate import evaluate_policy
-    from agentenv.policies.tiny.traces import make_tools
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+    from agentenv.training.scoring import sequence_logprobs
+    from agentenv.toy.tiny.evaluate import evaluate_policy
+    from agentenv.toy.tiny.traces import make_tools
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
     import torch
 
     info = json.loads((tiny_model_path / "build_info.json").read_text())

@@ -42,7 +42,7 @@ _SCRIPT = textwrap.dedent(
 def test_vllm_serves_the_tiny_model(tiny_model_path, tmp_path):
     import torch
 
-    from agentenv.policies.hf import sequence_logprobs
+    from agentenv.training.scoring import sequence_logprobs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     script = tmp_path / "serve_tiny.py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentenv.policies.hf import sequence_logprobs
+from agentenv.training.scoring import sequence_logprobs
 from agentenv.training.metrics import read_metrics
 from agentenv.training.trainer import Trainer
 

@@ -23,7 +23,7 @@ def test_toy_grpo_trains_with_the_vllm_backend(fast_overrides, tmp_path):
     out = tmp_path / "run"  # fast_overrides' output_dir
     args = [
         sys.executable, "-m", "agentenv", "train", "configs/toy_grpo.yaml",
-        *fast_overrides, "policy.backend=vllm", "policy.max_model_len=1024",
+        *fast_overrides, "policy.backend=vllm", "policy.vllm.max_model_len=1024",
     ]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,7 +4,7 @@ from agentenv.algorithms.arpo.algorithm import ARPO, arpo_advantages
 from agentenv.algorithms.arpo.branching import entropy_scale, should_branch, window_entropy
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
-from agentenv.algorithms.arpo.tree import generated_tokens, group_generated_tokens, shared_token_mean, tree_indices
+from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
 
 __all__ = [
     "ARPO",
@@ -12,8 +12,6 @@ __all__ = [
     "TreeSampler",
     "arpo_advantages",
     "entropy_scale",
-    "generated_tokens",
-    "group_generated_tokens",
     "shared_token_mean",
     "should_branch",
     "tree_indices",

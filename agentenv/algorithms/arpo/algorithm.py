@@ -9,8 +9,9 @@ import torch
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
-from agentenv.algorithms.base import TrainBatch
+from agentenv.algorithms.base import TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss, trajectory_advantages
+from agentenv.rollout.engine import RolloutConfig
 from agentenv.types import Group
 
 
@@ -36,8 +37,12 @@ class ARPO:
         """M: every trajectory of a task's tree, branches included."""
         return self.cfg.group_size
 
-    def sampler(self) -> TreeSampler:
-        return TreeSampler(self.cfg)
+    def sampler(self, rollout: RolloutConfig | None = None) -> TreeSampler:
+        return TreeSampler(self.cfg, rollout)
+
+    def generated_tokens(self, group: Group) -> int:
+        """A tree's shared prefixes count once."""
+        return group_generated_tokens(group)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         return arpo_advantages(group, self.cfg)

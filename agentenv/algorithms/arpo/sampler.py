@@ -54,12 +54,15 @@ class TreeSampler:
 
     Args:
         cfg: ARPO's config (M, N, Z, α, β, τ, k, rule, normalization).
-        rollout: Per-call and per-path limits of the rollout engine.
+        rollout: Per-call and per-path limits of the rollout engine;
+            `max_concurrency` bounds the paths in flight over every tree this
+            sampler grows (a path waiting for a slot has not started its clock).
     """
 
     def __init__(self, cfg: ARPOConfig, rollout: RolloutConfig | None = None):
         self.cfg = cfg
         self.rollout = rollout or RolloutConfig()
+        self._in_flight = asyncio.Semaphore(self.rollout.max_concurrency)
 
     async def sample(self, policy: Any, make_env: Any, task: Task, params: SamplingParams, seed: int) -> Group:
         """The M trajectories of `task` (initial paths, branches, fills, in the order they started).
@@ -68,7 +71,7 @@ class TreeSampler:
         generated, shared prefixes once, probe tokens included), `branch_points`,
         `branches`, `fills` and `decisions` (one record per probe).
         """
-        return await _Tree(self.cfg, self.rollout, policy, make_env, task, params, seed).grow()
+        return await _Tree(self.cfg, self.rollout, policy, make_env, task, params, seed, self._in_flight).grow()
 
 
 class _Tree:
@@ -83,8 +86,10 @@ class _Tree:
         task: Task,
         params: SamplingParams,
         seed: int,
+        in_flight: asyncio.Semaphore,
     ):
         self.cfg, self.rollout, self.policy, self.make_env = cfg, rollout, policy, make_env
+        self.in_flight = in_flight  # shared by every tree of the sampler
         self.task, self.params, self.seed = task, params, int(seed)
         self.slots = cfg.branch_budget  # branch slots left: M - N at the start
         self.started = 0  # paths started (never above M)
@@ -160,7 +165,8 @@ class _Tree:
 
     async def _run(self, path: _Path, order: int, fresh: bool) -> None:
         try:
-            traj = await self._finish(path, fresh)
+            async with self.in_flight:
+                traj = await self._finish(path, fresh)
         except BaseException:  # cancelled: still close the path's tools (a live session)
             await _close(path.episode)
             raise

@@ -1,4 +1,4 @@
-"""The rollout tree: hard advantages over shared prefixes, and generated-token counts.
+"""The rollout tree: hard advantages over shared prefixes.
 
 A branch shares its first `branch_token` tokens with its parent (they are
 copies, generated once). Token j of trajectory i is *owned* by the first
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from agentenv.types import Group, Trajectory
+from agentenv.types import Trajectory
 
 
 def _owners(lengths: Sequence[int], parents: Sequence[int | None], branch_tokens: Sequence[int | None]) -> list[torch.Tensor]:
@@ -102,19 +102,3 @@ def tree_indices(trajectories: Sequence[Trajectory]) -> tuple[list[int | None], 
         parents.append(p)
         branch.append(t.branch_token if p is not None else None)
     return parents, branch
-
-
-def generated_tokens(traj: Trajectory) -> int:
-    """Policy tokens this trajectory generated itself (those before `branch_token` are copies)."""
-    start = traj.branch_token if traj.parent_uid is not None and traj.branch_token is not None else 0
-    n, pos = 0, 0
-    for seg in traj.segments:
-        if seg.source == "policy":
-            n += max(0, pos + len(seg) - max(pos, start))
-        pos += len(seg)
-    return n
-
-
-def group_generated_tokens(group: Group) -> int:
-    """Policy tokens generated for a group, each shared prefix counted once (works for GRPO groups too)."""
-    return sum(generated_tokens(t) for t in group.trajectories)

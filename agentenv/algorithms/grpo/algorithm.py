@@ -6,22 +6,32 @@ from typing import Any, ClassVar
 
 import torch
 
-from agentenv.algorithms.base import TrainBatch
+from agentenv.algorithms.base import TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.config import GRPOConfig
 from agentenv.algorithms.grpo.loss import aggregate, clipped_pg_loss, group_advantages, kl_k3, masked_mean
+from agentenv.rollout.engine import RolloutConfig, RolloutEngine
 from agentenv.types import Group, SamplingParams, Trajectory
 
 
 class IndependentSampler:
-    """Samples `n` complete trajectories of one task independently."""
+    """Samples `n` complete trajectories of one task independently.
 
-    def __init__(self, n: int):
+    Args:
+        n: Trajectories per task (G).
+        rollout: Per-trajectory timeout and concurrency; one engine serves
+            every `sample` call of this sampler, so `max_concurrency` bounds
+            the episodes in flight over all of them.
+    """
+
+    def __init__(self, n: int, rollout: RolloutConfig | None = None):
         self.n = n
+        self.rollout = rollout or RolloutConfig()
+        self._engine: RolloutEngine | None = None
 
     async def sample(self, policy: Any, make_env: Any, task: Any, params: SamplingParams, seed: int) -> Group:
-        from agentenv.rollout import run_group
-
-        return await run_group(policy, make_env, task, self.n, params, seed)
+        if self._engine is None or self._engine.policy is not policy:
+            self._engine = RolloutEngine(policy, self.rollout)
+        return await self._engine.run_group(make_env, task, self.n, params, seed)
 
 
 def trajectory_advantages(group: Group, normalize_std: bool) -> list[float]:
@@ -53,8 +63,11 @@ class GRPO:
     def group_size(self) -> int:
         return self.cfg.group_size
 
-    def sampler(self) -> IndependentSampler:
-        return IndependentSampler(self.cfg.group_size)
+    def sampler(self, rollout: RolloutConfig | None = None) -> IndependentSampler:
+        return IndependentSampler(self.cfg.group_size, rollout)
+
+    def generated_tokens(self, group: Group) -> int:
+        return group_generated_tokens(group)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         scalars = trajectory_advantages(group, self.cfg.normalize_std)

@@ -57,7 +57,9 @@ def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summ
         if options:
             raise TypeError("pass either a BrowserConfig or keyword options, not both")
         return BrowserTool(config, summarizer=summarizer)
-    return BrowserTool(BrowserConfig.from_options({**(config or {}), **options}), summarizer=summarizer)
+    from agentenv.loader import build_dataclass
+
+    return BrowserTool(build_dataclass(BrowserConfig, {**(config or {}), **options}, "browse"), summarizer=summarizer)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import ipaddress
 import math
 from dataclasses import dataclass
@@ -98,23 +96,6 @@ class BrowserConfig:
             if not h or "/" in h and _network(h) is None:
                 raise ConfigError("browse.allow_hosts", f"{h!r} is neither a hostname, an address nor a network")
         object.__setattr__(self, "allow_hosts", hosts)
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any] | None, prefix: str = "env.browse") -> "BrowserConfig":
-        """Build from a config section (`env.browse` in a run config); unknown keys name the closest field."""
-        options = dict(options or {})
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in options:
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{prefix}.{key}", f"unknown browser option.{hint}")
-        if "allow_hosts" in options and isinstance(options["allow_hosts"], list):
-            options["allow_hosts"] = tuple(options["allow_hosts"])
-        try:
-            return cls(**options)
-        except ConfigError as e:
-            raise ConfigError(f"{prefix}.{e.key.removeprefix('browse.')}", str(e).split(": ", 1)[-1]) from None
 
 
 def _check_int(key: str, v: Any, lo: int) -> None:

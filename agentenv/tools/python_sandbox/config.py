@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from agentenv.errors import ConfigError
 
@@ -147,17 +145,6 @@ class PythonSandboxConfig:
                 raise ConfigError(f"{_KEY}.preload", f"{mod!r} is not a module name")
         if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", self.label):
             raise ConfigError(f"{_KEY}.label", f"must be a lowercase docker label key, got {self.label!r}")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PythonSandboxConfig":
-        """Build from a mapping (a YAML section); an unknown key names the closest known ones."""
-        known = sorted(f.name for f in fields(cls))
-        for key in d:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(known)}"
-                raise ConfigError(f"{_KEY}.{key}", f"unknown key{hint}")
-        return cls(**d)
 
     @property
     def memory_bytes(self) -> int:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from agentenv.loader import build_dataclass
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig
 from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
 from agentenv.types import ToolResult
@@ -173,7 +174,7 @@ def make_python_tool(cfg: PythonSandboxConfig | Mapping[str, Any] | None = None,
         ConfigError: An unknown option or a bad value (names the key and the value).
     """
     if cfg is None or isinstance(cfg, Mapping):
-        cfg = PythonSandboxConfig.from_dict({**(cfg or {}), **options})
+        cfg = build_dataclass(PythonSandboxConfig, {**(cfg or {}), **options}, "python_sandbox")
     elif options:
         raise TypeError(
             f"make_python_tool got a PythonSandboxConfig and options {sorted(options)}; pass one or the other"

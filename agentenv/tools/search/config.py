@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS
 from agentenv.tools.search.ratelimit import TokenBucket
 
@@ -111,31 +109,6 @@ class SearchToolConfig:
         if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
             raise bad("endpoint", "must start with http:// or https://")
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SearchToolConfig":
-        """Build from a mapping (a YAML section); an unknown key names the closest known ones."""
-        known = {f.name for f in fields(cls)}
-        for key in d:
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(sorted(known))}"
-                raise ConfigError(f"search.{key}", f"unknown key{hint}")
-        return cls(**d)
-
-
-def toy_corpus_path(seed: int = 0) -> Path:
-    """The toy two-hop corpus of `seed`, written once under $AGENTENV_CACHE (default ~/.cache/agentenv)."""
-    root = Path(os.environ.get("AGENTENV_CACHE", Path.home() / ".cache" / "agentenv"))
-    path = root / "toy" / f"seed{seed}" / "corpus.jsonl"
-    if not path.exists():
-        from agentenv.tasks.toy import ToyConfig, build_toy_suite
-
-        no_questions = {f"n_{k}_{s}": 0 for k in ("arith", "twohop", "both") for s in ("train", "heldout")}
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        build_toy_suite(ToyConfig(seed=seed, **no_questions)).write_corpus(tmp)
-        os.replace(tmp, path)  # atomic: concurrent writers produce the same bytes
-    return path
-
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -146,10 +119,8 @@ def make_search_tool(
 ):
     """Build the `search` tool a config asks for, behind the shared cache when `cfg.cache` is set.
 
-    Also the entry point of `agentenv/Search-v0`: `gymnasium.make("agentenv/Search-v0",
-    provider="bing", cache="~/.cache/agentenv/search.sqlite")` passes its keyword
-    arguments here. Given no config and no corpus, local and dense search run
-    over the toy two-hop corpus (seed 0), written once under $AGENTENV_CACHE.
+    Also the factory of the `search` tool in configs (`env.tools: {search: {...}}`)
+    and of `agentenv/Search-v0`, where the task source fills in the corpus.
 
     Args:
         cfg: The validated config, or a mapping of its fields.
@@ -160,12 +131,8 @@ def make_search_tool(
         ConfigError: An unknown option or a bad value (names the key and the value).
         ToolError: The corpus is missing, a key or endpoint is missing, or the dense extra is not installed.
     """
-    if cfg is None:
-        if options.get("provider", "local") in ("local", "dense") and not options.get("corpus"):
-            options["corpus"] = str(toy_corpus_path())
-        cfg = SearchToolConfig.from_dict(options)
-    elif isinstance(cfg, Mapping):
-        cfg = SearchToolConfig.from_dict({**cfg, **options})
+    if cfg is None or isinstance(cfg, Mapping):
+        cfg = build_dataclass(SearchToolConfig, {**(cfg or {}), **options}, "search")
     elif options:
         raise TypeError(f"make_search_tool got a SearchToolConfig and options {sorted(options)}; pass one or the other")
     from agentenv.tools.search.local import LocalSearchTool

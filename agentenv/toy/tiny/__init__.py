@@ -7,13 +7,13 @@ answer with a head estimate, so the cold-start model sometimes fails to call
 python where it must: what RL is to fix) and caches it under `$AGENTENV_CACHE/tiny/<key>/`
 (default `~/.cache/agentenv`). The folder loads with
 `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and is
-servable by vLLM. `python -m agentenv.policies.tiny` runs the build.
+servable by vLLM. `python -m agentenv.toy.tiny` runs the build.
 """
 
 from __future__ import annotations
 
-from agentenv.policies.tiny.build import build_tiny_model, ensure_tiny_model, load_tiny_tokenizer, tiny_dir
-from agentenv.policies.tiny.config import TinyBuildConfig, cache_root
+from agentenv.toy.tiny.build import build_tiny_model, ensure_tiny_model, load_tiny_tokenizer, tiny_dir
+from agentenv.toy.tiny.config import TinyBuildConfig, cache_root
 
 __all__ = [
     "TinyBuildConfig",

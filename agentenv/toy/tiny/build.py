@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentenv.policies.tiny.config import BUILD_VERSION, TinyBuildConfig, cache_root
+from agentenv.loader import build_dataclass
+from agentenv.toy.tiny.config import BUILD_VERSION, TinyBuildConfig, cache_root
 
 KINDS = ("arith", "twohop", "both")
 
@@ -43,7 +44,7 @@ def _file_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
 
 def sft_toy_config(cfg: TinyBuildConfig) -> Any:
     """The toy suite the SFT traces come from: train split only, knowledge base scaled by `kb_scale`."""
-    from agentenv.tasks.toy import ToyConfig
+    from agentenv.toy.tasks import ToyConfig
 
     return ToyConfig(
         seed=cfg.seed,
@@ -80,7 +81,7 @@ def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **
     Returns:
         A `save_pretrained` folder (model, tokenizer, `build_info.json`).
     """
-    cfg = TinyBuildConfig.with_overrides(**overrides)
+    cfg = build_dataclass(TinyBuildConfig, overrides, "tiny")
     final = tiny_dir(cfg)
     if _is_built(final) and not force:
         return final
@@ -115,7 +116,7 @@ def load_tiny_tokenizer(**overrides: Any) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
-    cfg = TinyBuildConfig.with_overrides(**overrides)
+    cfg = build_dataclass(TinyBuildConfig, overrides, "tiny")
     built = tiny_dir(cfg)
     if _is_built(built):
         return PreTrainedTokenizerFast.from_pretrained(built)
@@ -125,7 +126,7 @@ def load_tiny_tokenizer(**overrides: Any) -> Any:
 def _cached_tokenizer(cfg: TinyBuildConfig) -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    from agentenv.policies.tiny.tokenizer import train_tokenizer
+    from agentenv.toy.tiny.tokenizer import train_tokenizer
 
     path = _tokenizer_dir(cfg)
     if (path / "tokenizer.json").is_file():
@@ -149,9 +150,9 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
     """
     import torch
 
-    from agentenv.policies.tiny.sft import init_model, train_sft
-    from agentenv.policies.tiny.traces import make_tools, make_traces_async, pick_estimates
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite
+    from agentenv.toy.tiny.sft import init_model, train_sft
+    from agentenv.toy.tiny.traces import make_tools, make_traces_async, pick_estimates
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
     cfg = cfg or TinyBuildConfig()
     out = Path(out_dir)
@@ -246,7 +247,7 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
 
 async def _evaluate(model: Any, tokenizer: Any, heldout: list, tools: list, cfg: TinyBuildConfig) -> dict[str, Any]:
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
-    from agentenv.policies.tiny.evaluate import evaluate_policy
+    from agentenv.toy.tiny.evaluate import evaluate_policy
 
     policy = HFPolicy(HFPolicyConfig(model="<in-memory>", device="cpu", max_batch_size=64), model, tokenizer)
     kw = {

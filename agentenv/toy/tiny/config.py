@@ -7,7 +7,6 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from agentenv.errors import ConfigError
 
@@ -54,12 +53,12 @@ class TinyBuildConfig:
             more than memorising a few answers). Its entities are unseen by
             the held-out evaluation either way.
         copy_circuit: Start from weights that hold a copy (induction) circuit
-            (see `agentenv.policies.tiny.circuits`); without it the SFT stalls
+            (see `agentenv.toy.tiny.circuits`); without it the SFT stalls
             on the induction plateau within this budget.
         space_twins: With the copy circuit, a word piece and its space-prefixed
             spelling (`Mask`, `ĠMask`) start with one identity, so a name copies
             across the start of a line, a tag and mid-sentence (see
-            `agentenv.policies.tiny.circuits`).
+            `agentenv.toy.tiny.circuits`).
         freeze_circuit: With the copy circuit, the SFT keeps its token matching and
             copying (previous-token and induction heads) fixed and trains the rest:
             trained at the SFT's learning rate the circuit wore down in the first
@@ -68,10 +67,10 @@ class TinyBuildConfig:
         pointer_recency: With the copy circuit, one pointer head's attention prefers
             recent positions by up to this many logits (0: none), so an answer or a
             follow-up query copies the entity just written rather than an older one
-            in the same relation (see `agentenv.policies.tiny.circuits`).
+            in the same relation (see `agentenv.toy.tiny.circuits`).
         copy_weight: SFT loss weight of copied content (policy tokens that occur
             in the question or a tool result but not in the system prompt; see
-            `agentenv.policies.tiny.sft.copy_weights`); the other policy tokens weigh 1.
+            `agentenv.toy.tiny.sft.copy_weights`); the other policy tokens weigh 1.
         search_k: Results per search when making traces and evaluating (the
             search tool's default, ARPO's top 10).
         max_result_tokens: Result budget of the env (the run config's default).
@@ -177,36 +176,6 @@ class TinyBuildConfig:
                 "tiny.eval_temperature", f"must be > 0 (greedy is always evaluated), got {self.eval_temperature}"
             )
 
-    @classmethod
-    def with_overrides(cls, **overrides: Any) -> "TinyBuildConfig":
-        """The default config with some fields replaced; unknown names raise ConfigError."""
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(overrides) - known)
-        if bad:
-            raise ConfigError(f"tiny.{bad[0]}", f"unknown field; valid fields: {sorted(known)}")
-        return cls(**overrides)
-
-    @classmethod
-    def parse_overrides(cls, items: list[str]) -> dict[str, Any]:
-        """`["sft_steps=200", ...]` as field values (JSON where it parses, else the string).
-
-        Raises:
-            ConfigError: An item without `=`, or an unknown field.
-        """
-        known = {f.name for f in fields(cls)}
-        out: dict[str, Any] = {}
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(item, "an override must look like field=value")
-            if key not in known:
-                raise ConfigError(f"tiny.{key}", f"unknown field; valid fields: {sorted(known)}")
-            try:
-                out[key] = json.loads(value)
-            except json.JSONDecodeError:
-                out[key] = value
-        return out
-
     def cache_key(self) -> str:
         """Hash of this config, the build code and the data format the model must match."""
         h = hashlib.sha256()
@@ -230,8 +199,8 @@ def _code_fingerprint(tokenizer_only: bool = False) -> str:
     A change there makes a cached model stale, so it is part of the key.
     """
     from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE
-    from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
 
     h = hashlib.sha256()
     h.update(b"tokenizer" if tokenizer_only else b"model")

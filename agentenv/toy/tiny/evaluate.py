@@ -27,10 +27,10 @@ async def evaluate_policy(
     Returns:
         `{"accuracy": {kind: share}, "format_ok": {kind: share}, "tool_calls": {kind: mean}, "n": {kind: count}}`.
     """
-    from agentenv.policies.tiny.traces import make_env
+    from agentenv.toy.tiny.traces import make_env
     from agentenv.rollout import RolloutConfig, RolloutEngine
 
-    engine = RolloutEngine(policy, RolloutConfig(max_turn_tokens=max_turn_tokens, generation_timeout_s=None))
+    engine = RolloutEngine(policy, RolloutConfig(generation_timeout_s=None, episode_timeout_s=3600.0))
     params = SamplingParams(max_tokens=max_turn_tokens, temperature=temperature)
 
     async def one(i: int, task: Task):

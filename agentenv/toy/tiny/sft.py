@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from agentenv.policies.tiny.config import TinyBuildConfig
-from agentenv.policies.tiny.traces import Trace
+from agentenv.toy.tiny.config import TinyBuildConfig
+from agentenv.toy.tiny.traces import Trace
 
 
 def make_model(cfg: TinyBuildConfig, tokenizer: Any) -> Any:
@@ -51,7 +51,7 @@ def init_model(cfg: TinyBuildConfig, tokenizer: Any) -> tuple[Any, list[Any]]:
     model = make_model(cfg, tokenizer)
     hooks: list[Any] = []
     if cfg.copy_circuit:
-        from agentenv.policies.tiny.circuits import install_copy_circuit, space_twins
+        from agentenv.toy.tiny.circuits import install_copy_circuit, space_twins
 
         twins = space_twins(tokenizer) if cfg.space_twins else []
         hooks = install_copy_circuit(

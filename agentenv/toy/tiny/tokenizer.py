@@ -35,8 +35,8 @@ token: every world's names split into the same generic syllable pieces."""
 
 def training_texts(seed: int) -> Iterator[str]:
     """Text the BPE is trained on: prompts, reference turns, results, and a corpus."""
-    from agentenv.tasks.prompts import TOY_SYSTEM_PROMPT
-    from agentenv.tasks.toy import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
 
     suite = build_toy_suite(ToyConfig(seed=seed + TEXT_SEED_OFFSET).with_kb_scale(4))
     yield f"{BOS}system\n{TOY_SYSTEM_PROMPT}{EOS}\n"

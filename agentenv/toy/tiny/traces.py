@@ -158,7 +158,7 @@ async def _trace_one(
 ) -> Trace | None:
     from agentenv.policies.scripted import ScriptedPolicy
     from agentenv.rollout import run_episode
-    from agentenv.tasks.toy import reference_turns
+    from agentenv.toy.tasks import reference_turns
 
     env = make_env(tools, tokenizer, **env_kw)
     if as_estimate:

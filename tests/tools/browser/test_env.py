@@ -12,7 +12,7 @@ from agentenv.tools.browser import BrowserTool
 
 def test_registered_lazily():
     spec = gymnasium.registry["agentenv/Browser-v0"]
-    assert spec.kwargs["tool_factory"] == "agentenv.tools.browser:make_browser_tool"
+    assert spec.kwargs["tool"] == "browse"  # a registered tool, built when the env is made
 
 
 async def test_make_and_step(site):

@@ -62,9 +62,6 @@ def test_top_k_must_be_positive(cfg):
 @pytest.fixture
 def tiny_path(request):
     """The tiny model's folder (a sync fixture: building it runs its own event loop)."""
-    tiny = pytest.importorskip("agentenv.policies.tiny", reason="the tiny model is not built into agentenv yet")
-    if not hasattr(tiny, "ensure_tiny_model"):
-        pytest.skip("agentenv.policies.tiny has no ensure_tiny_model yet")
     return request.getfixturevalue("tiny_model_path")
 
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.tools.base import Tool
 from agentenv.tools.browser import BrowserConfig, BrowserTool, PageError, make_browser_tool, parse_query
 from agentenv.tools.search.cache import SearchCache
@@ -91,13 +92,13 @@ def test_config_errors_name_the_key_and_value(kwargs, key):
     assert any(str(x) in str(e.value) for x in shown)
 
 
-def test_from_options_suggests_the_closest_key():
-    with pytest.raises(ConfigError, match="Did you mean 'max_bytes'") as e:
-        BrowserConfig.from_options({"max_byte": 10})
-    assert e.value.key == "env.browse.max_byte"
+def test_options_suggest_the_closest_key():
+    with pytest.raises(ConfigError, match="did you mean 'max_bytes'") as e:
+        build_dataclass(BrowserConfig, {"max_byte": 10}, "env.tools.browse")
+    assert e.value.key == "env.tools.browse.max_byte"
     with pytest.raises(ConfigError) as e:
-        BrowserConfig.from_options({"timeout_s": -1})
-    assert e.value.key == "env.browse.timeout_s"
+        build_dataclass(BrowserConfig, {"timeout_s": -1}, "env.tools.browse")
+    assert e.value.key == "env.tools.browse.timeout_s"
     tool = make_browser_tool({"allow_hosts": ["127.0.0.1"]}, passage_chars=1000)
     assert tool.config.allow_hosts == ("127.0.0.1",) and tool.config.passage_chars == 1000
 

@@ -14,11 +14,11 @@ from agentenv.tools.python_sandbox import PythonTool
 
 def test_registered_lazily():
     spec = gymnasium.registry["agentenv/Python-v0"]
-    assert spec.kwargs["tool_factory"] == "agentenv.tools.python_sandbox:make_python_tool"
+    assert spec.kwargs["tool"] == "python"  # a registered tool, built when the env is made
 
 
 def test_unknown_option_is_a_config_error():
-    with pytest.raises(agentenv.ConfigError, match="timout_s.*did you mean timeout_s"):
+    with pytest.raises(agentenv.ConfigError, match="timout_s.*did you mean 'timeout_s'"):
         gymnasium.make("agentenv/Python-v0", tokenizer=build_test_tokenizer(), timout_s=3)
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean_code, runner, to_tool_result
+from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean_code, make_python_tool, runner, to_tool_result
 
 
 @pytest.mark.parametrize(
@@ -34,10 +34,10 @@ def test_bad_values_name_key_and_value(kwargs, key, shown):
     assert e.value.key == f"python_sandbox.{key}" and shown in str(e.value)
 
 
-def test_from_dict_suggests_the_closest_key():
-    with pytest.raises(ConfigError, match="did you mean timeout_s"):
-        PythonSandboxConfig.from_dict({"timout_s": 1})
-    cfg = PythonSandboxConfig.from_dict({"mode": "session", "preload": ["numpy"]})
+def test_options_suggest_the_closest_key():
+    with pytest.raises(ConfigError, match="did you mean 'timeout_s'"):
+        make_python_tool(timout_s=1)
+    cfg = make_python_tool({"mode": "session", "preload": ["numpy"]}).config
     assert cfg.mode == "session" and cfg.preload == ("numpy",)
 
 

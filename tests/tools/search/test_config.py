@@ -33,8 +33,8 @@ def test_bad_values_name_key_and_value(kwargs, key, shown):
 
 
 def test_unknown_key_suggests_the_closest():
-    with pytest.raises(ConfigError, match="did you mean max_chars") as ei:
-        SearchToolConfig.from_dict({"provider": "bing", "max_char": 10})
+    with pytest.raises(ConfigError, match="did you mean 'max_chars'") as ei:
+        make_search_tool(provider="bing", max_char=10)
     assert ei.value.key == "search.max_char"
 
 
@@ -60,9 +60,7 @@ def test_missing_corpus_and_missing_key_are_tool_errors(tmp_path, monkeypatch):
         make_search_tool(SearchToolConfig(provider="bing"))
 
 
-async def test_default_is_the_toy_corpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path))
-    tool = make_search_tool()
-    assert (tmp_path / "toy" / "seed0" / "corpus.jsonl").is_file()
-    assert len(tool.retriever) > 100
-    assert (await tool("capital")).ok
+def test_local_search_needs_a_corpus():
+    # The tool has no default corpus of its own: a task source gives one (the toy source: tests/toy/test_source.py).
+    with pytest.raises(ConfigError, match=r"search\.corpus: provider 'local' needs a JSONL corpus path"):
+        make_search_tool()

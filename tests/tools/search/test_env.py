@@ -13,7 +13,7 @@ from agentenv.tools.search import LocalSearchTool
 
 def test_registered_lazily():
     spec = gymnasium.registry["agentenv/Search-v0"]
-    assert spec.kwargs["tool_factory"] == "agentenv.tools.search:make_search_tool"
+    assert spec.kwargs["tool"] == "search"  # a registered tool, built when the env is made
 
 
 def test_make_and_step_on_the_toy_corpus(tmp_path, monkeypatch):

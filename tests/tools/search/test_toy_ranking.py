@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentenv.tasks.toy import ToyConfig, build_toy_suite
+from agentenv.toy.tasks import ToyConfig, build_toy_suite
 from agentenv.tools.search import BM25Retriever
 
 TOP = 3

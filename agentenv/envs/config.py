@@ -1,0 +1,132 @@
+"""`AgentEnvConfig`: the agent environment's one config, and the run config's `env` section.
+
+    env:
+      tools:                    # tool name -> its options (a bare list of names works too)
+        search: {k: 3}          # checked by the tool's own config class
+        python: {mode: stateless, timeout_s: 5}
+      tasks: {source: toy, kinds: [arith, twohop, both]}
+      reward: arpo              # a registered reward or 'package.module:attr'
+      max_tool_calls: 3
+      max_context_tokens: 512
+
+Budgets are checked when the config is made; the parts it names (tools,
+tasks, reward) are looked up in their registries, and a run config checks
+them when it loads (`validate_parts`), so a typo fails before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE, DEFAULT_TRUNCATION_MARKER, validate_result_fields
+from agentenv.errors import ConfigError
+from agentenv.registry import Part
+from agentenv.tasks.rewards import RewardFn, get_reward
+from agentenv.tasks.sources import TasksConfig
+from agentenv.tools.registry import get_tool
+
+
+@dataclass(frozen=True)
+class AgentEnvConfig:
+    """An `AgentEnv` episode: the parts it is made of, its limits, how results are shown.
+
+    Attributes:
+        tools: Tool name (registered, or `module:attr`) -> its options, checked by
+            the tool's config class; a list of names takes every tool's defaults.
+            Defaults the task source offers (the toy corpus) fill in options
+            the config leaves out. Read by a run (`gymnasium.make("agentenv/Agent-v0")`
+            and `AgentEnv` take tools directly).
+        tasks: The task source and its options (`agentenv.tasks.sources.TasksConfig`).
+        reward: The reward function: `arpo`, `f1`, `exact`, `math`, a registered
+            name or `module:attr` (see `agentenv.tasks.rewards`).
+        max_tool_calls: Most tool calls per episode (ARPO paper: 5 for
+            reasoning tasks, 6 for deep search). A call beyond it is not run: the
+            model reads that the limit is reached and should answer; a second
+            call beyond it ends the episode (`finish_reason="tool_limit"`).
+        max_context_tokens: Budget of the whole context (prompt, turns,
+            results). When it is full the episode is truncated
+            (`finish_reason="context"`). The default fits the tiny model (2,048 positions).
+        max_result_tokens: Most tokens of one formatted tool result; longer
+            results are cut and marked.
+        tool_timeout_s: Wall-clock limit of one tool call; a timeout becomes a
+            result the model reads. Above the tools' own limits (a sandboxed
+            run, a web search with its retries, a page fetch and its summary).
+        result_template: How a result is shown; holds `{text}` once.
+        truncation_marker: Appended to a result text that was cut.
+    """
+
+    tools: Mapping[str, Any] | tuple[str, ...] = ("search", "python")
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    reward: str = "arpo"
+    max_tool_calls: int = 5
+    max_context_tokens: int = 2048
+    max_result_tokens: int = 256
+    tool_timeout_s: float = 60.0
+    result_template: str = DEFAULT_RESULT_TEMPLATE
+    truncation_marker: str = DEFAULT_TRUNCATION_MARKER
+
+    def __post_init__(self) -> None:
+        tools = self.tools
+        if isinstance(tools, str) or not isinstance(tools, (Mapping, list, tuple)):
+            raise ConfigError("env.tools", f"expected a mapping of tool name -> options or a list of names, got {tools!r}")
+        if not isinstance(tools, Mapping):
+            if len(set(tools)) != len(tools):
+                raise ConfigError("env.tools", f"a tool is named twice in {list(tools)}")
+            tools = {name: {} for name in tools}
+        for name, options in tools.items():
+            if options is not None and not isinstance(options, Mapping):
+                raise ConfigError(f"env.tools.{name}", f"expected a mapping of the tool's options, got {options!r}")
+        object.__setattr__(self, "tools", {str(k): dict(v or {}) for k, v in tools.items()})
+        if not isinstance(self.max_tool_calls, int) or self.max_tool_calls < 0:
+            raise ConfigError("env.max_tool_calls", f"must be an int >= 0, got {self.max_tool_calls!r}")
+        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 2:
+            raise ConfigError("env.max_context_tokens", f"must be an int >= 2, got {self.max_context_tokens!r}")
+        validate_result_fields(
+            "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
+        )
+        if self.max_result_tokens >= self.max_context_tokens:
+            raise ConfigError(
+                "env.max_result_tokens",
+                f"{self.max_result_tokens} must be below env.max_context_tokens {self.max_context_tokens}",
+            )
+
+    def tool_parts(self) -> dict[str, tuple[Part, Any]]:
+        """Each tool's part and validated config, by the name the config gives (looked up once).
+
+        Raises:
+            ConfigError: An unknown tool (with the closest names), a plugin that
+                fails to import, or a bad option (named `env.tools.<tool>.<key>`).
+        """
+        done = self.__dict__.get("_tool_parts")
+        if done is None:
+            defaults = self.tasks.tool_defaults()
+            done = {}
+            for name, options in self.tools.items():
+                part = get_tool(name)
+                key = f"env.tools.{name}"
+                done[name] = (part, part.config(options, key, defaults=_known(part, defaults.get(name))))
+            object.__setattr__(self, "_tool_parts", done)
+        return done
+
+    def reward_fn(self) -> RewardFn:
+        """The reward function `reward` names."""
+        return get_reward(self.reward)
+
+    def validate_parts(self) -> None:
+        """Look up the tools and the reward now, so a typo fails at load time."""
+        self.tool_parts()
+        self.reward_fn()
+
+
+def _known(part: Part, defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The task source's defaults that the tool's config class has a field for."""
+    if not defaults:
+        return {}
+    import dataclasses
+
+    if part.config_cls is None:
+        return {}
+    names = {f.name for f in dataclasses.fields(part.config_cls)}
+    return {k: v for k, v in defaults.items() if k in names}

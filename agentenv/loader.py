@@ -1,0 +1,230 @@
+"""Mappings (YAML sections, keyword options) -> validated config dataclasses.
+
+The one loader every config class goes through: a run config's sections, each
+part's own options (a tool's, a task source's, a policy backend's, an
+algorithm's), the tiny model's build fields. Keys and types are checked against
+the dataclass; every error is a `ConfigError` naming the dotted key and the bad
+value, including the errors a class's `__post_init__` raises about its own fields.
+
+A field marked `rest_field()` collects the keys the class does not declare: a
+section that selects a part by name (`algorithm: {name: arpo, beam_size: 3}`)
+keeps the part's own options there, and the part's config class checks them.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+from agentenv.errors import ConfigError
+
+_REST = "agentenv.rest"
+_FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def rest_field() -> Any:
+    """A `Mapping` field that receives every key the dataclass does not declare."""
+    return dataclasses.field(default_factory=dict, metadata={_REST: True})
+
+
+def _rest_name(cls: type) -> str | None:
+    return next((f.name for f in dataclasses.fields(cls) if f.metadata.get(_REST)), None)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(key, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(key, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, key)
+    if origin in (list, tuple, collections.abc.Sequence):
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
+        if not isinstance(value, collections.abc.Mapping):
+            raise ConfigError(key, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads `5e-5` (no dot) as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _rekey(e: ConfigError, cls: type, prefix: str) -> ConfigError:
+    """An error `cls.__post_init__` raised about one of its fields, under `prefix`.
+
+    A config class names its own keys (`search.k`); built as a section of
+    something larger it is reported where the user wrote it (`env.tools.search.k`).
+    """
+    if not prefix or e.key == prefix or e.key.startswith(prefix + "."):
+        return e
+    names = {f.name for f in dataclasses.fields(cls)}
+    parts = e.key.split(".")
+    for i in range(len(parts)):
+        if parts[i] in names:
+            return ConfigError(".".join([prefix, *parts[i:]]), e.message)
+    return e
+
+
+def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
+    """Build `cls` from a mapping, checking keys and types; errors name `prefix.key`.
+
+    Args:
+        cls: A dataclass.
+        data: A mapping of its fields, an instance of `cls` (returned as is), or None (the defaults).
+        prefix: The dotted key of `data` in the config the user wrote (`""` at the top).
+
+    Raises:
+        ConfigError: An unknown key (with the closest known one), a value of the
+            wrong type, or what `cls` itself rejects, named by its dotted key.
+    """
+    if isinstance(data, cls):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, collections.abc.Mapping):
+        raise ConfigError(prefix or cls.__name__, f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    rest = _rest_name(cls)
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key == rest or key not in names:
+            if rest is not None:
+                extra[key] = value
+                continue
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(full, f"unknown key (value {value!r}){hint} Known keys: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    if rest is not None:
+        kwargs[rest] = extra
+    for f in dataclasses.fields(cls):
+        required = f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in kwargs:
+            raise ConfigError(f"{prefix}.{f.name}" if prefix else f.name, "is required")
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise _rekey(e, cls, prefix) from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(prefix or cls.__name__, str(e)) from e
+
+
+def dump_dataclass(obj: Any) -> Any:
+    """The plain mapping `build_dataclass` reads back into an equal object (rest fields flattened)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        rest = _rest_name(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == rest:
+                out.update({k: dump_dataclass(v) for k, v in value.items()})
+            else:
+                out[f.name] = dump_dataclass(value)
+        return out
+    if isinstance(obj, collections.abc.Mapping):
+        return {k: dump_dataclass(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [dump_dataclass(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- dotted overrides
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], parsed value); values are YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(text, "an override must look like dotted.key=value")
+    key, _, raw = text.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(text, "an override must look like dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"cannot parse value {raw!r}: {e}") from e
+    return parts, value
+
+
+def field_overrides(items: list[str]) -> dict[str, Any]:
+    """`["sft_steps=200", ...]` -> `{"sft_steps": 200}`: flat `field=value` overrides (YAML values)."""
+    out: dict[str, Any] = {}
+    for text in items:
+        parts, value = parse_override(text)
+        if len(parts) != 1:
+            raise ConfigError(text, "an override here names one field: field=value")
+        out[parts[0]] = value
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted keys in a nested mapping (a deep copy is returned).
+
+    A list of names given for a key that holds a mapping keeps those entries
+    with their values: `env.tools=[search]` drops every other tool but keeps
+    the search tool's options.
+    """
+    out = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(".".join(parts), f"cannot set a key inside {p!r}, which is {nxt!r}")
+            node = nxt
+        old = node.get(parts[-1])
+        if isinstance(old, dict) and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = {k: old.get(k) for k in value}
+        node[parts[-1]] = value
+    return out

@@ -1,0 +1,84 @@
+"""Models by name (`model.path`): a name that resolves to a local model folder.
+
+`model.path` is a local folder, a hub id, or a registered name: `tiny` (the
+embedded default model, registered by `agentenv.toy`) builds or finds its
+folder. A model part is an object with `path() -> str` (the folder, built or
+fetched on first use) and, optionally, `tokenizer()` (the tokenizer alone,
+cheaper than the model); a plain callable counts as `path`. Register one with
+`register_model("name", obj_or_"module:attr")`, name it as `module:attr`, or
+ship it in the `agentenv.models` entry-point group.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from agentenv.errors import ConfigError
+from agentenv.registry import Registry, is_import_path
+
+DEFAULT_MODEL = "tiny"
+"""What `model.path` is when a config gives none, and whose tokenizer envs use by default."""
+
+
+class _CallableModel:
+    def __init__(self, fn: Any):
+        self._fn = fn
+
+    def path(self) -> str:
+        return str(self._fn())
+
+
+def _as_model(obj: Any, key: str) -> Any:
+    if callable(getattr(obj, "path", None)):
+        return obj
+    if callable(obj):
+        return _CallableModel(obj)
+    raise ConfigError(key, f"{obj!r} is not a model: it needs a path() method (or is a callable returning a path)")
+
+
+MODELS: Registry[Any] = Registry("model", "model.path", group="agentenv.models", adapt=_as_model)
+
+
+def register_model(name: str, model: Any, *, overwrite: bool = False) -> None:
+    """Register a model (an object with `path()`, a callable, or a lazy `"module:attr"`) under `name`."""
+    MODELS.register(name, model, overwrite=overwrite)
+
+
+def _named(path: str) -> bool:
+    """A registered name or `module:attr`, not a folder or a hub id."""
+    return is_import_path(path) or ("/" not in path and not Path(path).exists() and path in MODELS)
+
+
+def resolve_model_path(path: str, key: str = "model.path") -> str:
+    """The local folder (or hub id) a `model.path` stands for.
+
+    A registered name or `module:attr` resolves through its model part (which
+    may build or download it); an existing folder or a hub id is returned as
+    given. A string that is neither but close to a registered name is taken
+    for a typo.
+
+    Raises:
+        ConfigError: A typo of a registered name, or a model part that fails.
+    """
+    if _named(path):
+        return str(MODELS.get(path, key).path())
+    if "/" not in path and not Path(path).exists():
+        close = difflib.get_close_matches(path, MODELS.names(), n=3, cutoff=0.75)
+        if close:
+            raise ConfigError(
+                key, f"{path!r} is neither a folder nor a registered model; did you mean {', '.join(map(repr, close))}?"
+            )
+    return path
+
+
+def load_tokenizer(path: str, key: str = "model.path") -> Any:
+    """The tokenizer of `model.path`, without building a registered model when it can load its tokenizer alone."""
+    if _named(path):
+        model = MODELS.get(path, key)
+        if callable(getattr(model, "tokenizer", None)):
+            return model.tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(path, key))
