@@ -25,8 +25,9 @@ import numpy as np
 from gymnasium.error import ResetNeeded
 
 from agentenv.envs.config import AgentEnvConfig
-from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn, parse_turn
-from agentenv.envs.results import ResultFormatter, call_tool, result_text
+from agentenv.envs.formats import TOOL_FORMATS
+from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
+from agentenv.envs.results import call_tool, result_text
 from agentenv.envs.spaces import TokenSequence, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
@@ -104,7 +105,8 @@ class AgentEnv(gymnasium.Env):
         self._reward_fn = reward_fn
         self.tasks: tuple[Task, ...] = tuple(tasks or ())
         self._owns_tools = owns_tools
-        self._formatter = ResultFormatter(tokenizer, self.config.result_template, self.config.truncation_marker)
+        self._format = TOOL_FORMATS.get(self.config.tool_format)
+        self._formatter = self._format.result_formatter(tokenizer, self.config.result_template, self.config.truncation_marker)
         self._eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
         self._vocab_size = len(tokenizer)
         self.observation_space = TokenSequence(self._vocab_size)
@@ -140,8 +142,9 @@ class AgentEnv(gymnasium.Env):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """Closing tags of the tools, then `</answer>`: pass them as `SamplingParams.stop`."""
-        return tuple(f"</{name}>" for name in self._prototypes) + ("</answer>",)
+        """Where a turn ends in the env's tool-call format (`tags`: the tools' closing tags, then
+        `</answer>`): pass them as `SamplingParams.stop`."""
+        return self._format.stop_strings(self._prototypes)
 
     @property
     def context(self) -> list[int]:
@@ -243,7 +246,7 @@ class AgentEnv(gymnasium.Env):
         self._append(Segment("policy", ids, logprobs, entropies))
         self._turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        parsed = parse_turn(text, self._prototypes)
+        parsed = self._format.parse(text, self._prototypes)
         eos = finish == "eos" or (bool(ids) and self._eos_id is not None and ids[-1] == self._eos_id)
 
         if parsed.kind == "answer":

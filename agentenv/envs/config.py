@@ -55,6 +55,8 @@ class AgentEnvConfig:
             run, a web search with its retries, a page fetch and its summary).
         result_template: How a result is shown; holds `{text}` once.
         truncation_marker: Appended to a result text that was cut.
+        tool_format: How calls and results are written: `tags` (ARPO's), a
+            registered format or `module:attr` (see `agentenv.envs.formats`).
     """
 
     tools: Mapping[str, Any] | tuple[str, ...] = ("search", "python")
@@ -66,6 +68,7 @@ class AgentEnvConfig:
     tool_timeout_s: float = 60.0
     result_template: str = DEFAULT_RESULT_TEMPLATE
     truncation_marker: str = DEFAULT_TRUNCATION_MARKER
+    tool_format: str = "tags"
 
     def __post_init__(self) -> None:
         tools = self.tools
@@ -115,9 +118,12 @@ class AgentEnvConfig:
         return get_reward(self.reward)
 
     def validate_parts(self) -> None:
-        """Look up the tools and the reward now, so a typo fails at load time."""
+        """Look up the tools, the reward and the tool-call format now, so a typo fails at load time."""
+        from agentenv.envs.formats import TOOL_FORMATS
+
         self.tool_parts()
         self.reward_fn()
+        TOOL_FORMATS.get(self.tool_format)
 
 
 def _known(part: Part, defaults: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -315,3 +315,23 @@ def test_default_reward_is_arpo(tok, task, enc):
     env.reset(options={"task": task})
     _, r, *_ = env.step(enc("<think>6*7</think>42") + [tok.eos_token_id])
     assert r == -1.0
+
+
+def test_tool_call_format_is_a_registered_part(tok, task, enc):
+    from agentenv.envs.formats import TOOL_FORMATS, TagFormat, register_tool_format
+    from agentenv.envs.results import ResultFormatter
+
+    class ObsFormat(TagFormat):
+        """Tags for calls, results shown as <obs>...</obs> whatever the env's template."""
+
+        def result_formatter(self, tokenizer, template, marker):
+            return ResultFormatter(tokenizer, "<obs>{text}</obs>", marker)
+
+    register_tool_format("test_obs", ObsFormat, overwrite=True)
+    assert "tags" in TOOL_FORMATS.registered()
+    env = AgentEnv([EchoTool("search")], tok, reward_fn=boxed_reward, config={"tool_format": "test_obs"})
+    env.reset(seed=0, options={"task": task})
+    obs, *_ = env.step(enc("<search>hi</search>"))
+    assert tok.decode(obs) == "<obs>echo: hi</obs>" and env.stop_strings == ("</search>", "</answer>")
+    with pytest.raises(ConfigError, match=r"env\.tool_format: unknown tool-call format 'tagz'\. Did you mean 'tags'"):
+        AgentEnv([], tok, config={"tool_format": "tagz"})
