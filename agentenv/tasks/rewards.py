@@ -204,33 +204,44 @@ def extract_answer(response: str) -> str | None:
     return answer or None
 
 
-def f1_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
-    """Token-level F1 of the answer against the best reference; correct on a normalized exact match."""
+def _judged(response: str, task: Task, judge: Callable[[str, list[str]], tuple[float, bool, str]]) -> RewardResult:
+    """`judge(answer, references) -> (score, correct, reason)` on the response's answer; 0 without one."""
     answer = extract_answer(response)
     if answer is None:
         return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
-    refs = _references(task)
-    score = max(f1_score(answer, r) for r in refs)
-    correct = any(exact_match(answer, r) for r in refs)
-    return RewardResult(score, correct, True, answer, "exact match" if correct else f"F1 {score:.2f}")
+    score, correct, reason = judge(answer, _references(task))
+    return RewardResult(score, correct, True, answer, reason)
+
+
+def f1_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+    """Token-level F1 of the answer against the best reference; correct on a normalized exact match."""
+
+    def judge(answer: str, refs: list[str]) -> tuple[float, bool, str]:
+        score = max(f1_score(answer, r) for r in refs)
+        correct = any(exact_match(answer, r) for r in refs)
+        return score, correct, "exact match" if correct else f"F1 {score:.2f}"
+
+    return _judged(response, task, judge)
 
 
 def exact_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """1 when the answer matches a reference after SQuAD normalization, else 0."""
-    answer = extract_answer(response)
-    if answer is None:
-        return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
-    correct = any(exact_match(answer, r) for r in _references(task))
-    return RewardResult(float(correct), correct, True, answer, "exact match" if correct else "no match")
+
+    def judge(answer: str, refs: list[str]) -> tuple[float, bool, str]:
+        correct = any(exact_match(answer, r) for r in refs)
+        return float(correct), correct, "exact match" if correct else "no match"
+
+    return _judged(response, task, judge)
 
 
 def math_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """1 when the answer equals a reference (exact rationals, then sympy with a time bound), else 0."""
-    answer = extract_answer(response)
-    if answer is None:
-        return RewardResult(0.0, False, False, None, "no <answer>...</answer>")
-    correct = any(math_equal(answer, r) for r in _references(task))
-    return RewardResult(float(correct), correct, True, answer, "equal" if correct else "not equal")
+
+    def judge(answer: str, refs: list[str]) -> tuple[float, bool, str]:
+        correct = any(math_equal(answer, r) for r in refs)
+        return float(correct), correct, "equal" if correct else "not equal"
+
+    return _judged(response, task, judge)
 
 
 RewardFn = Callable[[str, Task, Mapping[str, int]], Any]

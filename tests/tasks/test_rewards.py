@@ -221,3 +221,29 @@ def test_registry():
     assert get_reward("arpo").__wrapped__ is arpo_reward and "arpo" in REWARDS
     with pytest.raises(ConfigError, match=r"env\.reward: unknown reward 'arpoo'\. Did you mean 'arpo'\?"):
         get_reward("arpoo")
+
+
+@pytest.mark.parametrize(
+    "name, text, truth, ability, score, correct",
+    [
+        ("f1", "<answer>the Eiffel tower</answer>", "Eiffel Tower Paris", "qa", 0.8, False),
+        ("f1", "<answer>\\boxed{Eiffel Tower}</answer>", "eiffel tower", "qa", 1.0, True),
+        ("exact", "<answer>Paris.</answer>", "paris", "qa", 1.0, True),
+        ("exact", "<answer>Lyon</answer>", "paris", "qa", 0.0, False),
+        ("math", "<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", "math", 1.0, True),
+        ("math", "<answer>\\boxed{x^2+2x+1}</answer>", "(x+1)^2", "math", 1.0, True),
+        ("math", "no answer block", "1", "math", 0.0, False),
+    ],
+)
+def test_builtin_rewards_by_name(name, text, truth, ability, score, correct):
+    t = Task(id="t", messages=({"role": "user", "content": "q"},), ground_truth=truth, ability=ability)
+    r = get_reward(name)(text, t, NO_TOOLS)
+    assert r.score == pytest.approx(score) and r.correct is correct
+
+
+def test_a_users_reward_may_return_a_pair():
+    from agentenv.tasks.rewards import as_reward_result
+
+    assert as_reward_result((0.5, True)).score == 0.5 and as_reward_result((0.5, True)).correct
+    with pytest.raises(TypeError, match="a reward must return"):
+        as_reward_result("good")
