@@ -29,9 +29,9 @@ def test_toy_source_gives_tasks_and_the_search_corpus(tmp_path, monkeypatch):
         ToyTasksConfig(kinds=())
 
 
-def test_tiny_is_a_registered_model():
+def test_tiny_is_a_registered_model(tiny_model_path):
     from agentenv.policies.models import MODELS, resolve_model_path
 
     assert "tiny" in MODELS.registered()
     assert resolve_model_path("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"  # a hub id passes through
-    assert resolve_model_path("agentenv.toy.model:TINY") == resolve_model_path("tiny")
+    assert resolve_model_path("agentenv.toy.model:TINY") == resolve_model_path("tiny") == str(tiny_model_path)
