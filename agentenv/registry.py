@@ -197,16 +197,31 @@ class Part:
         Args:
             options: What the config gives (None: nothing).
             key: Dotted key of the options, for errors (`env.tools.search`).
-            defaults: Options filled in where `options` gives none (a task source's corpus).
+            defaults: Options offered where `options` gives none (a task source's
+                corpus, the run's seed); those the part does not take are left out.
         """
         from agentenv.loader import build_dataclass
 
         if options is not None and not isinstance(options, Mapping):
             raise ConfigError(key, f"expected a mapping of options, got {options!r}")
-        merged = {**(defaults or {}), **(options or {})}
+        takes = self._option_names()
+        offered = {k: v for k, v in (defaults or {}).items() if takes is None or k in takes}
+        merged = {**offered, **(options or {})}
         if self.config_cls is not None:
             return build_dataclass(self.config_cls, merged, key)
         return _check_kwargs(self.factory, merged, key)
+
+    def _option_names(self) -> set[str] | None:
+        """The options the part takes (None: any, a factory with **kwargs)."""
+        if self.config_cls is not None:
+            return {f.name for f in dataclasses.fields(self.config_cls) if f.init}
+        try:
+            params = inspect.signature(self.factory).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
     def make(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the factory with a config from `self.config` (and any runtime arguments)."""

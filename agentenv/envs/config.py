@@ -109,7 +109,7 @@ class AgentEnvConfig:
             for name, options in self.tools.items():
                 part = get_tool(name)
                 key = f"env.tools.{name}"
-                done[name] = (part, part.config(options, key, defaults=_known(part, defaults.get(name))))
+                done[name] = (part, part.config(options, key, defaults=defaults.get(name)))
             object.__setattr__(self, "_tool_parts", done)
         return done
 
@@ -125,14 +125,3 @@ class AgentEnvConfig:
         self.reward_fn()
         TOOL_FORMATS.get(self.tool_format)
 
-
-def _known(part: Part, defaults: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The task source's defaults that the tool's config class has a field for."""
-    if not defaults:
-        return {}
-    import dataclasses
-
-    if part.config_cls is None:
-        return {}
-    names = {f.name for f in dataclasses.fields(part.config_cls)}
-    return {k: v for k, v in defaults.items() if k in names}

@@ -66,18 +66,11 @@ def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None
     """
     if isinstance(tool, str):
         part = get_tool(tool, key)
-        defaults = AgentEnvConfig(tools={}).tasks.tool_defaults().get(tool, {})
+        defaults = AgentEnvConfig(tools={}).tasks.tool_defaults().get(tool)
     elif callable(tool):
-        part, defaults = as_part(tool, key), {}
+        part, defaults = as_part(tool, key), None
     else:
         raise ConfigError(key, f"expected a tool name, 'module:attr' or a factory, got {tool!r}")
-    if part.config_cls is not None:
-        import dataclasses
-
-        names = {f.name for f in dataclasses.fields(part.config_cls)}
-        defaults = {k: v for k, v in defaults.items() if k in names}
-    else:
-        defaults = {}
     return part.make(part.config(options, key, defaults=defaults))
 
 

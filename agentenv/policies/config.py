@@ -108,9 +108,7 @@ class PolicyConfig:
         for k, source in zip(_RUN_FILLED, ("model.path", "trainer.seed")):
             if k in section:
                 raise ConfigError(f"{key}.{k}", f"is set by {source}; remove it here")
-        fill = {"model": model, "dtype": dtype, "seed": seed}
-        names = {f.name for f in dataclasses.fields(part.config_cls)} if part.config_cls else set(fill)
-        return part.config(section, key, defaults={k: v for k, v in fill.items() if k in names})
+        return part.config(section, key, defaults={"model": model, "dtype": dtype, "seed": seed})
 
     def backend_configs(self, *, model: str, dtype: str, seed: int) -> dict[str, Any]:
         """Every backend section's validated settings, the chosen backend's first."""
