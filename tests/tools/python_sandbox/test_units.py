@@ -23,7 +23,7 @@ from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean
             "output_limit_bytes",
             "100 must be >= output_head_bytes + output_tail_bytes = 8192",
         ),
-        ({"user": "0:0"}, "user", "'0:0'"),
+        ({"sessions_per_container": 0}, "sessions_per_container", "0"),
         ({"preload": ["numpy", "os; rm"]}, "preload", "'os; rm'"),
         ({"address_space_factor": 0.5}, "address_space_factor", "0.5"),
     ],
