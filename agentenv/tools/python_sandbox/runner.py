@@ -71,7 +71,8 @@ How each boundary is enforced
   uid, kills every other process the cell left, and stops the idle head
   with SIGSTOP: no thread, timer or signal handler of a session runs
   between its calls. Before it resumes a head it checks that it is still
-  one stopped thread; a head that is not is killed ("session lost").
+  one thread of the session's uid; a head that is not is killed ("session
+  lost").
 - Control messages (5). A head talks to the runner over a socketpair that
   user code can reach (the head ran user code). The runner therefore trusts
   only what the kernel says about a message (its sender's pid and uid, with
@@ -128,7 +129,6 @@ PIPE_SIZE = 1 << 20
 MSG_MAX = 1 << 16
 STATUS_MAX = 1 << 16  # a call's status line is small; more is a flood, not a status
 HANDED_OVER = 86  # a cell's exit status when a single-threaded fork of it became the head
-STOP_WAIT_S = 0.05  # a head sent SIGSTOP is stopped within this, or it is not idle
 RECOVER_S = 1.5  # a session whose cell was killed must report within this, or it is lost
 FORK_S = 30.0  # a session fork (it copies the files) must report within this
 CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
@@ -350,7 +350,8 @@ def libc():
 
 
 def sysv_objects():
-    """[(kind, id, creator uid)] of the container's SysV segments, queues and semaphores."""
+    """[(kind, id, creator uid)] of the container's SysV segments, queues and semaphores
+    (a segment removed while attached is listed until its last process detaches)."""
     out = []
     for kind in ("shm", "msg", "sem"):
         try:
@@ -379,6 +380,23 @@ def remove_sysv(kind, ident, cuid):
             libc().semctl(ident, 0, IPC_RMID)
     finally:
         os.seteuid(0)
+
+
+def drop_sysv(uid, wait_s=0.5):
+    """Removes the SysV objects `uid` created, and waits (only if one is still attached by
+    a dying process, at most `wait_s`) until the kernel has freed them: till then another
+    uid could still attach a segment by its id, if its mode allowed."""
+    end = time.monotonic() + wait_s
+    while True:
+        mine = [obj for obj in sysv_objects() if obj[2] == uid]
+        if not mine or time.monotonic() > end:
+            return
+        for kind, ident, cuid in mine:
+            try:
+                remove_sysv(kind, ident, cuid)
+            except OSError:
+                pass
+        time.sleep(0.001)
 
 
 def make_dir(name, uid):
@@ -605,6 +623,7 @@ def spawned(order, fds, nproc):
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")  # the OOM killer takes user code, never the runner or the zygote
         os.nice(5)  # the runner keeps CPU to enforce deadlines while user code hogs it
+        os.umask(0o077)  # what user code creates (in /dev/shm too) is its own unless it says otherwise
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))  # per uid: this episode only
         uid, cwd = order["uid"], order["dir"]
         os.setgroups([])
@@ -614,6 +633,9 @@ def spawned(order, fds, nproc):
             caps = [line.split()[1] for line in f if line.startswith(("CapPrm", "CapEff"))]
         if os.getresuid() != (uid, uid, uid) or any(int(c, 16) for c in caps):
             os._exit(71)  # never run user code with a privilege left
+        # The uid change made us non-dumpable (our /proc files root's, even to us); an
+        # ordinary process is dumpable, and that opens nothing to another uid.
+        libc().prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         os.chdir(cwd)
         os.environ.update(HOME=cwd, TMPDIR=cwd, USER="sandbox", LOGNAME="sandbox")
         sys.argv = [""]
@@ -713,7 +735,10 @@ def become_head(ctrl, done):
         if pid == 0:
             os.setsid()
         send_msg(ctrl, done)
-        os.write(w, b"x")
+        try:
+            os.write(w, b"x")
+        except OSError:
+            pass  # the runner may have stopped us and killed it in between: it has the message
         os.close(w)
     else:
         send_msg(ctrl, done)
@@ -1221,6 +1246,7 @@ class Runner:
                 pass
         self.close_status(run)
         kill_uid(run.uid)
+        drop_sysv(run.uid)
         self.drain(run)
         self.send(run.reply(exit_code, sig, error))
         self.clean_shared()
@@ -1291,21 +1317,14 @@ class Runner:
                 os.close(fd)
 
     def resume(self, s):
-        """Continues a stopped head, if it is still one stopped thread of its uid."""
+        """Continues a stopped head, if it is still one thread of its uid. (A head that has
+        not stopped yet was not scheduled since: SIGCONT cancels the pending stop.)"""
         if not s.stopped:
             return True
-        end = time.monotonic() + STOP_WAIT_S
-        while True:
-            st = proc_status(s.head)
-            if st is None or st[1] != s.family.uid or st[2] != 1:
-                why = "its process died" if st is None else "its process ran threads between calls"
-                self.lose_session(s, "session lost: %s" % why)
-                return False
-            if st[3] in ("T", "t") or time.monotonic() > end:
-                break
-            time.sleep(0.0005)
-        if st[3] not in ("T", "t"):
-            self.lose_session(s, "session lost: its process did not stop between calls")
+        st = proc_status(s.head)
+        if st is None or st[1] != s.family.uid or st[2] != 1 or st[3] in ("Z", "X"):
+            why = "its process died" if st is None or st[3] in ("Z", "X") else "it ran threads between calls"
+            self.lose_session(s, "session lost: %s" % why)
             return False
         os.kill(s.head, signal.SIGCONT)
         s.stopped = False
@@ -1432,6 +1451,7 @@ class Runner:
         s.family.members.discard(s)
         if not s.family.members:
             kill_uid(s.family.uid)
+            drop_sysv(s.family.uid)
         elif head:
             self.tidy(s.family, roots=(head,))
         if s.cell is not None:
