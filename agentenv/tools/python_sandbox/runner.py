@@ -49,8 +49,9 @@ How each boundary is enforced
 - Directories (1). /work is root's with mode 0711 (no listing); each episode
   works in /work/<name>, owned by its uid, mode 0700, which is also HOME and
   TMPDIR. The cwd is not on sys.path (`-I`), so nothing in a directory is
-  imported by name. /dev/shm and /dev/mqueue are sticky: nobody removes or
-  renames another's entry, and reading one needs the mode its creator gave.
+  imported by name. User code runs with umask 077, and /dev/shm and
+  /dev/mqueue are sticky: nobody removes or renames another's entry, and
+  reading one needs a mode its creator chose to give.
 - A clean template (1). The runner holds every request and every output, so
   no process that runs user code is forked from it. The *zygote* is forked
   from the runner right after warm-up, before the first request; it only
@@ -60,15 +61,19 @@ How each boundary is enforced
 - End of a call (3, 4). A stateless call ends with kill(-1) sent as its uid
   (ruid = euid = the call's uid, saved uid 0 to come back): one system call
   that reaches every process and thread of it, forks in flight included
-  (the kernel aborts a fork whose parent has SIGKILL pending). Its
-  directory, /dev/shm and /dev/mqueue entries and SysV objects are then
-  removed; every pass removes those of any uid no call or session holds.
+  (the kernel aborts a fork whose parent has SIGKILL pending). Its SysV
+  segments are removed before the reply (a segment a dying process still
+  holds is waited for); its directory, /dev/shm and /dev/mqueue entries and
+  other SysV objects right after; every pass removes those of any uid no
+  call or session holds.
 - Sessions (3). A head process holds the variables; each cell runs in a fork
   of the head (a cell that is killed leaves the state as it was), and the
   fork becomes the head when the cell ends: if the cell left threads, a
   fork of it (which copies only the calling thread) becomes the head. The
   runner checks from /proc that the new head is one thread of the session's
-  uid, kills every other process the cell left, and stops the idle head
+  uid, kills every other process the cell left (found by parent links; one
+  that detached is killed as soon as no call of its episode is in flight,
+  when every process of the uid but the heads dies), and stops the idle head
   with SIGSTOP: no thread, timer or signal handler of a session runs
   between its calls. Before it resumes a head it checks that it is still
   one thread of the session's uid; a head that is not is killed ("session
@@ -349,11 +354,11 @@ def libc():
     return _libc
 
 
-def sysv_objects():
+def sysv_objects(kinds=("shm", "msg", "sem")):
     """[(kind, id, creator uid)] of the container's SysV segments, queues and semaphores
     (a segment removed while attached is listed until its last process detaches)."""
     out = []
-    for kind in ("shm", "msg", "sem"):
+    for kind in kinds:
         try:
             with open("/proc/sysvipc/" + kind) as f:
                 header = f.readline().split()
@@ -383,12 +388,13 @@ def remove_sysv(kind, ident, cuid):
 
 
 def drop_sysv(uid, wait_s=0.5):
-    """Removes the SysV objects `uid` created, and waits (only if one is still attached by
+    """Removes the SysV segments `uid` created, and waits (only if one is still attached by
     a dying process, at most `wait_s`) until the kernel has freed them: till then another
-    uid could still attach a segment by its id, if its mode allowed."""
+    uid could still attach one by its id, if its mode allowed. (Queues and semaphores go
+    at once, with the other leftovers in `clean_shared`.)"""
     end = time.monotonic() + wait_s
     while True:
-        mine = [obj for obj in sysv_objects() if obj[2] == uid]
+        mine = [obj for obj in sysv_objects(("shm",)) if obj[2] == uid]
         if not mine or time.monotonic() > end:
             return
         for kind, ident, cuid in mine:
@@ -416,6 +422,25 @@ def remove_path(path):
             os.unlink(path)
         except OSError:
             pass
+
+
+def reap(wake_fd):
+    """Empties a SIGCHLD wake-up pipe; returns [(pid, status)] of the children that exited."""
+    try:
+        while os.read(wake_fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        out.append((pid, status))
+    return out
 
 
 def decode_status(status):
@@ -575,18 +600,7 @@ def zygote_main(sock, nproc):
     while True:
         for key, _ in sel.select():
             if key.fd == wake_r:
-                try:
-                    while os.read(wake_r, 4096):
-                        pass
-                except BlockingIOError:
-                    pass
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
+                for pid, status in reap(wake_r):
                     send_msg(sock, {"exit": pid, "status": status})
                 continue
             try:
@@ -659,7 +673,11 @@ def job_main(req_r, out_w, err_w, status_w):
     os.close(err_w)
     exit_code, error = run_cell(req["code"], fresh_ns(), req.get("print_last", True))
     detach_stdio()
-    os.write(status_w, json.dumps({"exit": exit_code, "error": error}).encode())
+    try:  # the code may have filled or broken this pipe: then our exit status answers instead
+        os.set_blocking(status_w, False)
+        os.write(status_w, json.dumps({"exit": exit_code, "error": error}).encode())
+    except OSError:
+        pass
     return exit_code
 
 
@@ -833,6 +851,7 @@ class Family:
     def __init__(self, uid):
         self.uid = uid
         self.members = set()
+        self.dirty = False  # a call ended while another was in flight: orphans may be left
 
     def busy(self):
         return any(m.state in ("busy", "starting") for m in self.members)
@@ -1097,6 +1116,8 @@ class Runner:
         killed = set()
         owners, heads = self.owners(), self.heads()
         idle = family is not None and not family.busy()
+        if family is not None:
+            family.dirty = not idle  # a busy family's orphans can only be told apart once it is idle
         for _ in range(20):  # until a pass finds no new one (a fork bomb is killed in a few)
             procs = processes()
             new = []
@@ -1203,7 +1224,6 @@ class Runner:
         self.jobs[sb.uid] = run
         data = {"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")}
         feed(sb.req_w, json.dumps(data).encode(), self.helpers)
-        self.make_standby()  # the next call's process forks while this one runs
 
     def on_status(self, run):
         try:
@@ -1249,6 +1269,7 @@ class Runner:
         drop_sysv(run.uid)
         self.drain(run)
         self.send(run.reply(exit_code, sig, error))
+        self.make_standby()  # the zygote forks the next call's process while the host reads this reply
         self.clean_shared()
 
     # -- sessions -------------------------------------------------------------
@@ -1381,13 +1402,12 @@ class Runner:
         if kind == "done":
             why = self.can_be_head(sender, s)
             if why is not None:
-                self.tidy(s.family, roots=(s.head,), keep={s.head})
-                self.finish_cell(s, None, None, "the cell could not become the session's state: %s" % why, True)
+                why = "the cell could not become the session's state: %s" % why
+                self.finish_cell(s, None, None, why, (s.head,), rolled_back=True)
                 return
             old, s.head = s.head, sender
-            self.tidy(s.family, roots=(old, sender), keep={sender})
             exit_code, error = checked_status(msg)
-            self.finish_cell(s, exit_code, None, error)
+            self.finish_cell(s, exit_code, None, error, (old, sender))
         elif kind == "died" and sender == s.head:
             status = msg.get("status")
             if isinstance(status, int) and not isinstance(status, bool) and 0 <= status < 1 << 16:
@@ -1395,8 +1415,7 @@ class Runner:
                 error = None
             else:
                 exit_code, sig, error = None, None, checked_status(msg)[1]
-            self.tidy(s.family, roots=(s.head,), keep={s.head})
-            self.finish_cell(s, exit_code, sig, error, rolled_back=True)
+            self.finish_cell(s, exit_code, sig, error, (s.head,), rolled_back=True)
         elif kind == "fork_failed" and sender == s.head and s.child is not None:
             self.lose_session(s.child, checked_status(msg)[1])
         elif kind == "forked" and s.state == "starting" and s.parent is not None:
@@ -1419,19 +1438,22 @@ class Runner:
             if parent.state == "busy":
                 parent.state = "ready"
             self.idle(parent)
-            self.tidy(parent.family)
+            if parent.family.dirty:
+                self.tidy(parent.family)
             self.pump(parent)
 
-    def finish_cell(self, s, exit_code, sig, error, rolled_back=False):
+    def finish_cell(self, s, exit_code, sig, error, roots, rolled_back=False):
+        """Answers a cell once what it left is dead: the processes below `roots` but the
+        head, or, when no call of its family is in flight, every process but the heads."""
         run, s.cell = s.cell, None
+        s.state = "ready"
+        self.tidy(s.family, roots=roots, keep={s.head})
         self.drain(run)
         reply = run.reply(exit_code, sig, error)
         if rolled_back:
             reply["rolled_back"] = True
-        s.state = "ready"
         self.idle(s)
         self.send(reply)
-        self.tidy(s.family)
         self.pump(s)
 
     def lose_session(self, s, why):
@@ -1554,18 +1576,7 @@ class Runner:
                 self.lose_session(s, "session lost: the fork did not finish in %.0f s" % FORK_S)
 
     def on_wake(self):
-        try:
-            while os.read(self.wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:  # our children: the zygote, pipe writers, and every orphan
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, _ in reap(self.wake_r):  # our children: the zygote, pipe writers, and every orphan
             if pid == self.zpid:
                 self.zygote_died()
             self.helpers.discard(pid)

@@ -468,10 +468,24 @@ async def test_a_sessions_shared_memory_is_its_own_and_goes_with_it(session_pool
 async def test_the_tool_reports_a_timeout_that_also_lost_the_session(proto):
     ep = proto.fork()
     try:
-        # The cell ignores SIGKILL of nothing: it takes its head with it when it is killed,
-        # so the timeout also loses the session, and the model must read both.
+        # The cell kills its own head, then runs past its timeout: once the cell is killed too,
+        # nothing holds the variables, so the timeout also loses the session; the model reads both.
         r = await ep("import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(30)")
         assert not r.ok and r.metadata["timed_out"] and r.metadata["session_lost"], r
         assert "TimeoutError" in r.text and "SessionError" in r.text and "define your variables again" in r.text
     finally:
         await ep.aclose()
+
+
+async def test_a_flood_on_the_status_pipe_is_bounded(stateless_pool):
+    before = (await stateless_pool.run("print(1)")).container
+    # Every pipe the call holds but its stdout and stderr (its status pipe among them) gets 16 MiB of junk.
+    r = await stateless_pool.run(
+        "import os, stat\nn = 0\nfor fd in range(3, 64):\n    try:\n"
+        "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n            os.set_blocking(fd, False)\n"
+        "            for _ in range(256):\n                n += os.write(fd, b'{' * 65536)\n"
+        "    except OSError:\n        pass\nprint(n > 0)",
+        timeout_s=10,
+    )
+    assert r.exit_code == 0 and r.stdout == "True\n" and r.container == before, r  # its exit status answered
+    assert (await stateless_pool.run("print(2)")).stdout == "2\n"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -139,3 +140,13 @@ async def test_the_pool_serves_any_event_loop(stateless_pool):
     assert r.ok and r.stdout == "45\n"
     r2 = await asyncio.gather(*(stateless_pool.run(f"print({i})") for i in range(3)))
     assert [x.stdout for x in r2] == ["0\n", "1\n", "2\n"]
+
+
+async def test_the_docker_log_of_a_container_stays_small(docker_client, stateless_pool):
+    # Replies go to the container's stdout, which Docker also logs: 4 MB of them must not stay on the host.
+    (cid,) = stateless_pool.containers
+    for _ in range(500):
+        r = await stateless_pool.run("print('x' * 8000)")
+        assert r.ok
+    path = docker_client.api.inspect_container(cid)["LogPath"]
+    assert os.path.getsize(path) <= (1 << 20) + 65536
