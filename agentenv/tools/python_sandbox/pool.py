@@ -18,7 +18,7 @@ comes out of a container is trusted: every reply is type-checked
 
 Healing: a container that dies (or is killed from outside) is replaced at
 once, and one that stops answering (frozen, stuck) is replaced when a call
-passes its timeout by 2 s and the runner does not answer a ping; replacement
+passes its timeout by 1 s and the runner does not answer a ping within 0.5 s; replacement
 retries while the pool is open, so the pool stays at `pool_size` while the
 daemon answers. Sessions on a replaced container report `SessionLost`.
 
@@ -57,9 +57,9 @@ log = logging.getLogger(__name__)
 _STREAM_LIMIT = 64 * 1024 * 1024  # one reply line holds at most ~2 x (head + tail) of text, JSON-escaped
 # The runner enforces every call's deadline itself. A reply missing at timeout + _GUARD_S makes the
 # pool ping the runner: no answer within _PING_S (a frozen or stuck container) and the container is
-# replaced, so a call answers within timeout + 2 s. A runner that answers pings is only slow and is
-# waited for, up to timeout + _HARD_S.
-_GUARD_S = 1.5
+# replaced, so a call answers within timeout + 1.5 s. A runner that answers pings is only slow and is
+# waited for, up to timeout + _HARD_S (so an early guard costs a ping, never a container).
+_GUARD_S = 1.0
 _PING_S = 0.5
 _HARD_S = 60.0
 _OPEN_S = 5.0  # an open or fork answers in milliseconds; past this the runner is pinged

@@ -112,9 +112,9 @@ async def test_a_frozen_container_answers_within_timeout_plus_2_s_and_is_replace
         (frozen,) = pool.containers
         session = await pool.open_session() if mode == "session" else None
         run = session.run if session else pool.run
+        t0 = time.monotonic()
         call = asyncio.create_task(run("import time\ntime.sleep(0.3)\nprint('done')"))
         await asyncio.sleep(0.1)
-        t0 = time.monotonic()
         docker_client.api.pause(frozen)
         try:
             r = await call
