@@ -41,7 +41,7 @@ from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, Segment, Trajectory
 
-# reward_fn(response_text, task, tool_calls) -> object with .score, .correct, .format_ok
+# reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
 
 _TAG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -139,9 +139,10 @@ class AgentEnv(gymnasium.Env):
     Args:
         tools: Prototype tools; each `Tool.name` is the tag the model writes.
         tokenizer: The policy's tokenizer (HF-style `encode`/`decode`, `eos_token_id`).
-        reward_fn: `reward_fn(response_text, task, tool_calls)` returning an
-            object with `.score`, `.correct`, `.format_ok`. Default:
-            `agentenv.tasks.rewards.arpo_reward`.
+        reward_fn: `reward_fn(policy_text, task, tool_calls)` returning an
+            object with `.score`, `.correct`, `.format_ok`. It sees only what
+            the policy wrote (`policy_text`) and the tool-call counts, never a
+            tool's text. Default: `agentenv.tasks.rewards.arpo_reward`.
         config: `AgentEnvConfig` or a mapping of its fields.
         tasks: Tasks to draw from (with the seeded `np_random`) when `reset`
             gets no `options={"task": ...}`.
@@ -387,15 +388,24 @@ class AgentEnv(gymnasium.Env):
             from agentenv.tasks.rewards import arpo_reward
 
             reward_fn = arpo_reward
-        response = self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
         # In a worker thread: a symbolic math check may take seconds and must not stall other episodes.
-        r = await asyncio.to_thread(reward_fn, response, self._task, dict(self._tool_calls))
+        r = await asyncio.to_thread(reward_fn, self.policy_text(), self._task, dict(self._tool_calls))
         self._reward = float(r.score)
         self._reward_info = {
             "score": self._reward,
             "correct": bool(getattr(r, "correct", False)),
             "format_ok": bool(getattr(r, "format_ok", False)),
         }
+
+    def policy_text(self) -> str:
+        """What the policy wrote this episode: its turns, each decoded alone, one per line.
+
+        Tool results are left out, so nothing a tool prints (an `<answer>`, a
+        stray `</result>`) can earn or spoil a reward; each turn is decoded on
+        its own, so no tag can form across a turn boundary.
+        """
+        turns = (s.token_ids for s in self._segments if s.source == "policy")
+        return "\n".join(self.tokenizer.decode(ids, skip_special_tokens=True) for ids in turns)
 
     def _count(self, key: str) -> None:
         self._tool_calls[key] = self._tool_calls.get(key, 0) + 1
