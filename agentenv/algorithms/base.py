@@ -88,7 +88,9 @@ class Algorithm(Protocol):
 
     config_cls: ClassVar[type]
 
-    def sampler(self) -> Sampler: ...
+    def sampler(self, rollout: Any = None) -> Sampler:
+        """The sampler, honouring `rollout` (a `RolloutConfig`: each trajectory's deadline, per-call limits)."""
+        ...
 
     def group_size(self) -> int:
         """Trajectories per task (G for GRPO, M for ARPO)."""

@@ -31,6 +31,7 @@ from agentenv.envs.results import (
     DEFAULT_TRUNCATION_MARKER,
     ResultFormatter,
     call_tool,
+    close_tool,
     result_text,
     validate_result_fields,
 )
@@ -492,9 +493,16 @@ class AgentEnv(gymnasium.Env):
         await self._aclose_tools(tools)
 
     async def _aclose_tools(self, tools: Mapping[str, Tool]) -> None:
+        """Close every tool (one failing to close does not keep the others open); raise the first error."""
+        errors = []
         for name, tool in tools.items():
             if tool is not self._prototypes.get(name):
-                await tool.aclose()
+                try:
+                    await close_tool(tool, self.config.tool_timeout_s)
+                except Exception as e:  # noqa: BLE001 - re-raised below, after the others are closed
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
     def _discard_tools(self, tools: Mapping[str, Tool]) -> None:
         if tools:
@@ -511,7 +519,7 @@ class AgentEnv(gymnasium.Env):
             await self._aclose_tools(tools)
             if self._owns_tools:
                 for proto in self._prototypes.values():
-                    await proto.aclose()
+                    await close_tool(proto, self.config.tool_timeout_s)
 
         self._sync.run_or_schedule(_close_all())
         self._sync.close()

@@ -21,6 +21,7 @@ from agentenv.envs.results import (
     DEFAULT_TRUNCATION_MARKER,
     ResultFormatter,
     call_tool,
+    close_tool,
     result_text,
     validate_result_fields,
 )
@@ -124,7 +125,7 @@ class ToolEnv(gymnasium.Env):
         """Start a session with a fresh fork of the tool. Returns (empty int64 array, {"tool": name})."""
         super().reset(seed=seed)
         if self._episode_tool is not None and self._episode_tool is not self.tool:
-            self._sync.run_or_schedule(self._episode_tool.aclose())
+            self._sync.run_or_schedule(close_tool(self._episode_tool, self.config.tool_timeout_s))
         self._episode_tool = self.tool.fork()
         self._started = True
         self._calls = 0
@@ -178,7 +179,7 @@ class ToolEnv(gymnasium.Env):
         tool, self._episode_tool = self._episode_tool, None
         self._started = False
         if tool is not None and tool is not self.tool:
-            await tool.aclose()
+            await close_tool(tool, self.config.tool_timeout_s)
 
     def close(self) -> None:
         """Close the episode's tool, the prototype if owned, and the env's loop. Idempotent."""
@@ -188,9 +189,9 @@ class ToolEnv(gymnasium.Env):
 
         async def _close() -> None:
             if tool is not None and tool is not self.tool:
-                await tool.aclose()
+                await close_tool(tool, self.config.tool_timeout_s)
             if owned is not None:
-                await owned.aclose()
+                await close_tool(owned, self.config.tool_timeout_s)
 
         self._sync.run_or_schedule(_close())
         self._sync.close()

@@ -15,6 +15,10 @@ from agentenv.errors import ConfigError
 from agentenv.tasks.task import Task, balanced_subset
 
 
+_CLOSE_TIMEOUT_S = 120.0
+"""Bound on closing one prototype tool (a sandbox pool removes its containers)."""
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("AGENTENV_CACHE", Path.home() / ".cache" / "agentenv"))
 
@@ -149,8 +153,10 @@ class Runtime:
     extras: dict[str, Any] = field(default_factory=dict)
 
     async def aclose(self) -> None:
+        from agentenv.envs.results import close_tool
+
         for tool in self.tools.values():
-            await tool.aclose()
+            await close_tool(tool, _CLOSE_TIMEOUT_S)
         close = getattr(self.policy, "aclose", None) or getattr(self.policy, "close", None)
         if close is not None:
             res = close()

@@ -85,15 +85,21 @@ async def evaluate(
     params: SamplingParams,
     seed: int,
     concurrency: int = 64,
+    rollout: Any = None,
 ) -> EvalReport:
-    """Roll out `samples` independent episodes per task and summarize."""
+    """Roll out `samples` independent episodes per task and summarize.
+
+    `rollout` (a `RolloutConfig`) sets each episode's deadline and per-call limits.
+    """
     from agentenv.rollout import run_group
 
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
 
     async def one(i: int, task: Task) -> Group:
         async with sem:
-            return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919)
+            return await run_group(
+                policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919, config=rollout
+            )
 
     groups = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     return summarize(groups)

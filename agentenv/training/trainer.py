@@ -26,7 +26,8 @@ from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
 from agentenv.training import checkpoint as ckpt
 from agentenv.policies.hf import sequence_logprobs
-from agentenv.rollout import derive_seed
+from agentenv.rollout import RolloutConfig, derive_seed
+from agentenv.rollout.engine import failed_group
 from agentenv.tasks.task import balanced_subset
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, resolve_model_path
@@ -137,15 +138,26 @@ class Trainer:
         return self.loop.run_until_complete(coro)
 
     # ------------------------------------------------------------------ one step
+    def rollout_config(self) -> RolloutConfig:
+        """Each trajectory's own deadline: `trainer.rollout_timeout_s` (a generation gets no more)."""
+        return RolloutConfig(episode_timeout_s=self.cfg.trainer.rollout_timeout_s)
+
     async def rollout(self, tasks: list[Any], step: int, indices: list[int]) -> list[Group]:
-        """One group per task; task `indices` (positions in the global batch) seed the samples."""
-        sampler = self.algorithm.sampler()
+        """One group per task; task `indices` (positions in the global batch) seed the samples.
+
+        A trajectory that is late or breaks is recorded as failed by the
+        sampler, and the step goes on with the rest; a sampler that raises
+        loses its own group (all failed), never the step.
+        """
+        sampler = self.algorithm.sampler(self.rollout_config())
         params = self.sampling_params()
-        timeout = self.cfg.trainer.rollout_timeout_s * 4
 
         async def one(j: int, task: Any) -> Group:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j])
-            return await asyncio.wait_for(sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed), timeout)
+            try:
+                return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
+            except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (DESIGN: rollout)
+                return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
 
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
@@ -278,7 +290,7 @@ class Trainer:
             report = self.run(
                 evaluate(
                     self.rt.policy, self.rt.make_env, heldout,
-                    samples=tc.eval_samples, params=params, seed=tc.evaluation_seed,
+                    samples=tc.eval_samples, params=params, seed=tc.evaluation_seed, rollout=self.rollout_config(),
                 )  # fmt: skip
             )
         self.acc.wait_for_everyone()

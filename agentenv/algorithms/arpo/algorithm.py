@@ -10,6 +10,7 @@ from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
 from agentenv.algorithms.base import TrainBatch
+from agentenv.rollout import RolloutConfig
 from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss, trajectory_advantages
 from agentenv.types import Group
 
@@ -36,8 +37,8 @@ class ARPO:
         """M: every trajectory of a task's tree, branches included."""
         return self.cfg.group_size
 
-    def sampler(self) -> TreeSampler:
-        return TreeSampler(self.cfg)
+    def sampler(self, rollout: RolloutConfig | None = None) -> TreeSampler:
+        return TreeSampler(self.cfg, rollout)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         return arpo_advantages(group, self.cfg)

@@ -13,15 +13,21 @@ from agentenv.types import Group, SamplingParams, Trajectory
 
 
 class IndependentSampler:
-    """Samples `n` complete trajectories of one task independently."""
+    """Samples `n` complete trajectories of one task independently.
 
-    def __init__(self, n: int):
+    Args:
+        n: Trajectories per task.
+        rollout: Per-trajectory and per-call limits (default `RolloutConfig()`).
+    """
+
+    def __init__(self, n: int, rollout: Any = None):
         self.n = n
+        self.rollout = rollout
 
     async def sample(self, policy: Any, make_env: Any, task: Any, params: SamplingParams, seed: int) -> Group:
         from agentenv.rollout import run_group
 
-        return await run_group(policy, make_env, task, self.n, params, seed)
+        return await run_group(policy, make_env, task, self.n, params, seed, self.rollout)
 
 
 def trajectory_advantages(group: Group, normalize_std: bool) -> list[float]:
@@ -53,8 +59,8 @@ class GRPO:
     def group_size(self) -> int:
         return self.cfg.group_size
 
-    def sampler(self) -> IndependentSampler:
-        return IndependentSampler(self.cfg.group_size)
+    def sampler(self, rollout: Any = None) -> IndependentSampler:
+        return IndependentSampler(self.cfg.group_size, rollout)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         scalars = trajectory_advantages(group, self.cfg.normalize_std)
