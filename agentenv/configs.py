@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -20,6 +21,18 @@ from typing import Any, Literal
 import yaml
 
 from agentenv.errors import ConfigError
+
+MIN_ROLLOUT_TIMEOUT_S = 1.0
+"""Below this no trajectory can finish (one generation alone takes longer)."""
+
+
+def check_number(key: str, value: Any, *, low: float = 0.0, low_ok: bool = False, integer: bool = False) -> None:
+    """Raise a ConfigError naming `key` unless `value` is a finite number above `low` (or at it, with `low_ok`)."""
+    kind = "an int" if integer else "a finite number"
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    bound = f">= {low:g}" if low_ok else f"> {low:g}"
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or not (value >= low if low_ok else value > low):
+        raise ConfigError(key, f"must be {kind} {bound}, got {value!r}")
 
 
 # --------------------------------------------------------------------------- sections
@@ -37,6 +50,10 @@ class ModelConfig:
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.path.strip():
+            raise ConfigError("model.path", "must name a model: `tiny`, a local model folder or a hub id, got ''")
 
 
 @dataclass(frozen=True)
@@ -74,12 +91,13 @@ class PolicyConfig:
     enforce_eager: bool = True
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError("policy.temperature", f"must be >= 0, got {self.temperature}")
+        check_number("policy.temperature", self.temperature, low_ok=True)
         if not 0 < self.top_p <= 1:
             raise ConfigError("policy.top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.max_turn_tokens < 1:
-            raise ConfigError("policy.max_turn_tokens", f"must be >= 1, got {self.max_turn_tokens}")
+        if self.top_k < -1:
+            raise ConfigError("policy.top_k", f"must be -1 (off), 0 (off) or a positive int, got {self.top_k}")
+        for key in ("max_turn_tokens", "max_batch_size", "tensor_parallel_size", "max_model_len", "entropy_topk"):
+            check_number(f"policy.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("policy.gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -112,6 +130,10 @@ class TasksConfig:
         bad = [k for k in self.kinds if k not in ("arith", "twohop", "both")]
         if bad:
             raise ConfigError("env.tasks.kinds", f"unknown toy kinds {bad}; choose from arith, twohop, both")
+        if self.limit is not None:
+            check_number("env.tasks.limit", self.limit, low=1, low_ok=True, integer=True)
+        if self.eval_limit is not None:
+            check_number("env.tasks.eval_limit", self.eval_limit, low_ok=True, integer=True)
 
 
 @dataclass(frozen=True)
@@ -146,8 +168,10 @@ class EnvConfig:
         bad = [t for t in self.tools if t not in ("search", "python", "browse")]
         if bad:
             raise ConfigError("env.tools", f"unknown tools {bad}; choose from search, python, browse")
-        if self.max_tool_calls < 0:
-            raise ConfigError("env.max_tool_calls", f"must be >= 0, got {self.max_tool_calls}")
+        check_number("env.max_tool_calls", self.max_tool_calls, low_ok=True, integer=True)
+        check_number("env.max_context_tokens", self.max_context_tokens, low=2, low_ok=True, integer=True)
+        check_number("env.max_result_tokens", self.max_result_tokens, low=1, low_ok=True, integer=True)
+        check_number("env.tool_timeout_s", self.tool_timeout_s)
         if self.max_result_tokens >= self.max_context_tokens:
             raise ConfigError(
                 "env.max_result_tokens",
@@ -222,7 +246,14 @@ class TrainerConfig:
             of different seeds score with the same per-request sampling seeds, so
             their evaluations differ by what training did (and, on vLLM, by
             batch-dependent numerics).
-        rollout_timeout_s: Wall-clock limit of one trajectory.
+        rollout_timeout_s: Wall-clock limit of one trajectory (each path of an
+            ARPO tree has its own); a late trajectory is recorded as failed
+            and the step goes on with the rest.
+        max_failed_steps: Stop the run (with an error saying why) after this
+            many consecutive steps in which every trajectory failed.
+        nonfinite_patience: Stop the run after this many consecutive steps
+            whose loss or gradient norm was not finite (their updates are
+            skipped); weights that stop being finite stop it at once.
     """
 
     steps: int = 20
@@ -244,20 +275,28 @@ class TrainerConfig:
     eval_temperature: float = 0.0
     eval_seed: int | None = None
     rollout_timeout_s: float = 300.0
+    max_failed_steps: int = 3
+    nonfinite_patience: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"trainer.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",
+                    "checkpoint_every", "keep_checkpoints", "max_failed_steps", "nonfinite_patience"):
+            check_number(f"trainer.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
+        for key in ("warmup_steps", "eval_every", "eval_tasks"):
+            check_number(f"trainer.{key}", getattr(self, key), low_ok=True, integer=True)
         if self.tasks_per_step % self.mini_batch_tasks:
             raise ConfigError(
                 "trainer.mini_batch_tasks",
                 f"{self.mini_batch_tasks} must divide trainer.tasks_per_step {self.tasks_per_step}",
             )
-        if self.lr <= 0:
-            raise ConfigError("trainer.lr", f"must be > 0, got {self.lr}")
-        if self.checkpoint_every < 1:
-            raise ConfigError("trainer.checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
+        check_number("trainer.lr", self.lr)
+        # <= 0 would flip the clipped gradient's sign (gradient ascent) or zero it
+        check_number("trainer.max_grad_norm", self.max_grad_norm)
+        check_number("trainer.weight_decay", self.weight_decay, low_ok=True)
+        check_number("trainer.eval_temperature", self.eval_temperature, low_ok=True)
+        check_number("trainer.rollout_timeout_s", self.rollout_timeout_s, low=MIN_ROLLOUT_TIMEOUT_S, low_ok=True)
+        if not self.output_dir.strip():
+            raise ConfigError("trainer.output_dir", "must name a folder, got ''")
 
     @property
     def evaluation_seed(self) -> int:

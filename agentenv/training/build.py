@@ -24,12 +24,75 @@ def cache_root() -> Path:
 
 
 def resolve_model_path(path: str) -> str:
-    """`tiny` -> the embedded tiny model (built once, then cached); anything else as given."""
+    """`tiny` -> the embedded tiny model (built once, then cached); a local folder or a hub id as given.
+
+    Raises:
+        ConfigError: (`model.path`) a local path that does not exist, is a
+            file, or holds no `config.json`.
+    """
     if path == "tiny":
         from agentenv.policies.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model())
+    local = Path(path).expanduser()
+    if local.exists():
+        hint = "give a Hugging Face model folder (holding config.json), a hub id or `tiny`"
+        if not local.is_dir():
+            raise ConfigError("model.path", f"{path!r} is a file; {hint}")
+        if not (local / "config.json").exists():
+            raise ConfigError("model.path", f"{path!r} holds no config.json; {hint}")
+        return str(local)
+    if path.startswith(("/", ".", "~")) or path.endswith("/") or path.count("/") > 1:
+        raise ConfigError("model.path", f"{path!r} does not exist (and is no hub id such as Qwen/Qwen2.5-7B-Instruct)")
     return path
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line (library errors can run to pages), or its type."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Make `trainer.output_dir` and prove it writable, before minutes of model loading.
+
+    Raises:
+        ConfigError: It is a file, or cannot be created or written.
+    """
+    out = Path(path)
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except FileExistsError:
+        raise ConfigError("trainer.output_dir", f"{str(out)!r} is a file, not a folder") from None
+    except OSError as e:
+        raise ConfigError("trainer.output_dir", f"{str(out)!r} is not writable ({e.strerror or e})") from None
+
+
+def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -> None:
+    """Every prompt must leave the policy room in `env.max_context_tokens`.
+
+    Otherwise every such episode fails at its reset, and a run whose prompts
+    are all too long would "finish" having learned nothing.
+
+    Raises:
+        ConfigError: (`env.max_context_tokens`) with the longest prompt's task and size.
+    """
+    from agentenv.tasks.prompts import render_prompt
+
+    longest, worst = 0, None
+    for task in [*tasks.train, *tasks.heldout]:
+        n = len(render_prompt(tokenizer, task.messages))
+        if n > longest:
+            longest, worst = n, task
+    if worst is not None and longest >= max_context_tokens:
+        raise ConfigError(
+            "env.max_context_tokens",
+            f"{max_context_tokens} leaves no room for the policy: task {worst.id!r} has a {longest}-token prompt; "
+            f"raise env.max_context_tokens above {longest} plus room for the answer (policy.max_turn_tokens)",
+        )
 
 
 def build_policy(cfg: PolicyConfig, model_path: str, dtype: str, seed: int) -> Any:
@@ -84,8 +147,8 @@ def build_tasks(cfg: TasksConfig) -> TaskSet:
         from agentenv.tasks.loaders import load_jsonl, load_verl_parquet
 
         load = load_jsonl if cfg.source == "jsonl" else load_verl_parquet
-        train = load(cfg.path)
-        heldout = load(cfg.eval_path) if cfg.eval_path else []
+        train = _load_tasks(load, cfg.path, "env.tasks.path")
+        heldout = _load_tasks(load, cfg.eval_path, "env.tasks.eval_path") if cfg.eval_path else []
         out = TaskSet(train, heldout, None)
     if cfg.limit is not None:
         out.train = out.train[: cfg.limit]
@@ -94,6 +157,16 @@ def build_tasks(cfg: TasksConfig) -> TaskSet:
     if not out.train:
         raise ConfigError("env.tasks", "no training tasks were loaded")
     return out
+
+
+def _load_tasks(load: Callable[[Any], list[Task]], path: Any, key: str) -> list[Task]:
+    if not Path(path).expanduser().is_file():
+        what = "is a folder, not a file" if Path(path).expanduser().is_dir() else "does not exist"
+        raise ConfigError(key, f"{str(path)!r} {what}")
+    try:
+        return load(Path(path).expanduser())
+    except (OSError, ValueError) as e:
+        raise ConfigError(key, f"{str(path)!r} cannot be read as tasks: {e}") from None
 
 
 def build_tools(cfg: EnvConfig, tasks: TaskSet, summarizer: Any = None) -> dict[str, Any]:
@@ -168,7 +241,10 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     from transformers import AutoTokenizer
 
     path = model_path or resolve_model_path(cfg.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:  # no such hub id, no tokenizer files, offline
+        raise ConfigError("model.path", f"cannot load a tokenizer from {path!r}: {first_line(e)}") from None
     tasks = build_tasks(cfg.env.tasks)
     tools = build_tools(cfg.env, tasks)
     policy = build_policy(cfg.policy, path, cfg.model.dtype, cfg.trainer.seed)
