@@ -35,7 +35,7 @@ from agentenv.envs.results import (
     result_text,
     validate_result_fields,
 )
-from agentenv.envs.spaces import TokenSequence, as_token_array
+from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.tasks.task import Task
@@ -427,15 +427,18 @@ class AgentEnv(gymnasium.Env):
             raise ResetNeeded(f"{type(self).__name__}: the episode's tools were closed; call env.reset(...)")
 
     def _as_turn(self, action: Any) -> tuple[list[int], list[float], list[float], str | None]:
+        """The turn's ids, logprobs, entropies and finish reason; a malformed action raises before anything changes."""
         if isinstance(action, Generation):
-            ids = [int(t) for t in action.token_ids]
+            ids = action_ids(np.asarray(action.token_ids) if action.token_ids else [], self._vocab_size)
             lps, ents, finish = list(action.logprobs), list(action.entropies), action.finish_reason
         else:
-            ids = [int(t) for t in np.asarray(action, dtype=np.int64).reshape(-1)]
+            ids = action_ids(action, self._vocab_size)
             lps, ents, finish = [math.nan] * len(ids), [math.nan] * len(ids), None
-        bad = [t for t in ids if not 0 <= t < self._vocab_size]
-        if bad:
-            raise ValueError(f"action holds token ids outside [0, {self._vocab_size}): {bad[:5]}")
+        if len(ids) > self.remaining_tokens:
+            raise ValueError(
+                f"the action has {len(ids)} tokens but only {self.remaining_tokens} remain of the context budget "
+                f"(env.max_context_tokens={self.config.max_context_tokens}); generate at most env.remaining_tokens"
+            )
         return ids, lps, ents, finish
 
     # ---- records, forks, closing ----------------------------------------

@@ -25,7 +25,7 @@ from agentenv.envs.results import (
     result_text,
     validate_result_fields,
 )
-from agentenv.envs.spaces import TokenSequence, as_token_array
+from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.tools.base import Tool
@@ -149,10 +149,7 @@ class ToolEnv(gymnasium.Env):
             raise ResetNeeded(
                 f"{type(self).__name__}: the episode ended after max_calls={self.config.max_calls}; call env.reset()"
             )
-        ids = [int(t) for t in np.asarray(action, dtype=np.int64).reshape(-1)]
-        bad = [t for t in ids if not 0 <= t < self._vocab_size]
-        if bad:
-            raise ValueError(f"action holds token ids outside [0, {self._vocab_size}): {bad[:5]}")
+        ids = action_ids(action, self._vocab_size)
         query = self.tokenizer.decode(ids, skip_special_tokens=True)
         result, elapsed = await call_tool(self._episode_tool, query, self.config.tool_timeout_s)
         self._calls += 1
