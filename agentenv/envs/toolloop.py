@@ -30,7 +30,7 @@ from agentenv.errors import ToolError
 
 T = TypeVar("T")
 
-STALL_S = 2.0
+STALL_S = 0.5
 """A tool loop that has not ticked for this long is blocked: new calls go to a fresh one."""
 _TICK_S = 0.1
 
