@@ -246,6 +246,7 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     except (OSError, ValueError) as e:  # no such hub id, no tokenizer files, offline
         raise ConfigError("model.path", f"cannot load a tokenizer from {path!r}: {first_line(e)}") from None
     tasks = build_tasks(cfg.env.tasks)
+    check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
     tools = build_tools(cfg.env, tasks)
     policy = build_policy(cfg.policy, path, cfg.model.dtype, cfg.trainer.seed)
     return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))

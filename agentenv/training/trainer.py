@@ -33,7 +33,7 @@ from agentenv.rollout import RolloutConfig, derive_seed
 from agentenv.rollout.engine import failed_group
 from agentenv.tasks.task import balanced_subset
 from agentenv.training.batching import chunks, collate
-from agentenv.training.build import Runtime, build_runtime, check_output_dir, check_prompts_fit, first_line, resolve_model_path
+from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line, resolve_model_path
 from agentenv.training.data import TaskStream
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
@@ -84,7 +84,6 @@ class Trainer:
         self.acc.wait_for_everyone()
         model_path = model_path or resolve_model_path(cfg.model.path)
         self.rt = runtime or build_runtime(cfg, model_path)
-        check_prompts_fit(self.rt.tasks, self.rt.tokenizer, cfg.env.max_context_tokens)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
 
