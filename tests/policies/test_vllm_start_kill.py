@@ -54,7 +54,7 @@ def _engine_cores(root: int) -> list:
     return out
 
 
-def test_sigkill_during_engine_start_leaves_no_engine_core(tiny_model_path, tmp_path):
+def test_sigkill_during_engine_start_leaves_no_engine_core(tiny_model_path, tmp_path, outlived):
     import psutil
 
     script = tmp_path / "owner.py"
@@ -78,20 +78,5 @@ def test_sigkill_during_engine_start_leaves_no_engine_core(tiny_model_path, tmp_
         owner.wait()
     assert "STARTED" not in out.read_text(), "the engine had finished starting: the kill came too late to test"
 
-    def running() -> list[int]:
-        alive = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
-
-    end = time.monotonic() + 15
-    while running() and time.monotonic() < end:
-        time.sleep(0.2)
-    left = running()
-    for pid in left:  # never leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
+    left = outlived(procs, 15)
     assert not left, f"engine processes outlived their owner killed during start: {left}"
