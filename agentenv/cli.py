@@ -72,7 +72,7 @@ def eval_(
     cfg = _load(config, overrides or [])
     from agentenv.tasks.task import balanced_subset
     from agentenv.training.evaluate import evaluate
-    from agentenv.training.build import build_runtime, resolve_model_path
+    from agentenv.training.build import build_runtime, resolve_model_path, rollout_config
     from agentenv.types import SamplingParams
     import asyncio
 
@@ -103,8 +103,9 @@ def eval_(
             if not heldout:
                 raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
             return await evaluate(
-                rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed
-            )
+                rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed,
+                rollout=rollout_config(cfg),
+            )  # fmt: skip
         finally:
             await rt.aclose()
 

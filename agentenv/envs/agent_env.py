@@ -300,6 +300,9 @@ class AgentEnv(gymnasium.Env):
 
         Raises:
             gymnasium.error.ResetNeeded: Before `reset` or after the episode ended.
+            ValueError: The action is not a flat sequence of integer token ids
+                in the vocabulary, or is longer than `remaining_tokens`
+                (nothing changes).
             agentenv.errors.ToolError: A tool's infrastructure failed.
         """
         self._check_can_step()

@@ -213,6 +213,14 @@ def make_env_factory(cfg: EnvConfig, tools: dict[str, Any], tokenizer: Any) -> C
     return make_env
 
 
+def rollout_config(cfg: RunConfig) -> Any:
+    """The rollout limits a run's samplers and evaluations honour: each trajectory's own
+    deadline is `trainer.rollout_timeout_s` (a generation gets no more)."""
+    from agentenv.rollout import RolloutConfig
+
+    return RolloutConfig(episode_timeout_s=cfg.trainer.rollout_timeout_s)
+
+
 @dataclass
 class Runtime:
     """Everything a run needs besides the trainable model."""

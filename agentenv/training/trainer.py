@@ -33,7 +33,7 @@ from agentenv.rollout import RolloutConfig, derive_seed
 from agentenv.rollout.engine import failed_group
 from agentenv.tasks.task import balanced_subset
 from agentenv.training.batching import chunks, collate
-from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line, resolve_model_path
+from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line, resolve_model_path, rollout_config
 from agentenv.training.data import TaskStream
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
@@ -176,7 +176,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def rollout_config(self) -> RolloutConfig:
         """Each trajectory's own deadline: `trainer.rollout_timeout_s` (a generation gets no more)."""
-        return RolloutConfig(episode_timeout_s=self.cfg.trainer.rollout_timeout_s)
+        return rollout_config(self.cfg)
 
     async def rollout(self, tasks: list[Any], step: int, indices: list[int]) -> list[Group]:
         """One group per task; task `indices` (positions in the global batch) seed the samples.
