@@ -52,7 +52,8 @@ from typing import Any, Coroutine, Iterable, Iterator, Literal, Mapping
 import numpy as np
 
 from agentenv.errors import ConfigError, InfraError
-from agentenv.policies._reaper import Reaper, child_pids
+from agentenv.loader import check_number
+from agentenv._reaper import Reaper, tagged
 from agentenv.types import FinishReason, Generation, SamplingParams
 
 __all__ = [
@@ -157,8 +158,7 @@ class VLLMPolicyConfig:
 
 
 def _positive_int(key: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(key, f"must be an int >= {minimum}, got {value!r}")
+    check_number(key, value, low=minimum, low_ok=True, integer=True)
 
 
 # --------------------------------------------------------------------------- entropy (pure)
@@ -447,14 +447,16 @@ class VLLMPolicy:
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
         self._loop = _EngineLoop("agentenv-vllm")
-        before = child_pids()
+        # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
+        # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
+        self._reaper = Reaper(tag=True)
         try:
-            self._engine = self._loop.call(self._start_engine())
+            with tagged(self._reaper.tag):
+                self._engine = self._loop.call(self._start_engine())
         except BaseException:
             self._loop.stop()
+            self._reaper.release()
             raise
-        # The engine's processes end with ours, even when we are killed with SIGKILL.
-        self._reaper = Reaper(child_pids() - before)
         # Shut the engine down before interpreter teardown if the owner never closes it.
         atexit.register(_close_at_exit, weakref.ref(self))
         model_config = self._engine.model_config

@@ -359,13 +359,12 @@ if __name__ == "__main__":
 """
 
 
-def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path):
+def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path, outlived):
     """A trainer killed with SIGKILL runs no cleanup; its vLLM engine must not live on as orphans."""
     import os
     import signal
     import subprocess
     import sys
-    import time
 
     import psutil
 
@@ -386,20 +385,5 @@ def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
-    def running() -> list[int]:
-        out = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    deadline = time.monotonic() + 60
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = running()
-    for pid in left:  # do not leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
+    left = outlived(procs, 60)
     assert not left, f"engine processes outlived their owner: {left}"

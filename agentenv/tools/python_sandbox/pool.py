@@ -48,6 +48,7 @@ from dataclasses import dataclass, fields, replace
 from importlib import resources
 from typing import Any
 
+from agentenv._reaper import reap_containers_on_exit
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import SETUP_HINT, docker_client, require_image
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig
@@ -501,6 +502,8 @@ class SandboxPool:
             self._client = await self._blocking(docker_client, cfg.docker_timeout_s)
             await self._blocking(require_image, self._client, cfg.image)
             await self._blocking(self._remove_orphans)
+            # Ours go with this process even if it is SIGKILLed (not only at the next start).
+            await self._blocking(reap_containers_on_exit, f"{cfg.label}.owner={self._owner}")
             channels = await asyncio.gather(
                 *(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True
             )

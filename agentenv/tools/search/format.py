@@ -10,6 +10,9 @@ DEFAULT_K = 10
 DEFAULT_MAX_CHARS = 1000
 """Each passage's text is cut to this many characters (ARPO's setting)."""
 
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+"""Most bytes of a web provider's answer; a real one is tens of kB (Bing's 50 results: ~100 kB)."""
+
 
 @dataclass(frozen=True)
 class Passage:
