@@ -359,3 +359,23 @@ def test_tool_call_format_is_a_registered_part(tok, task, enc):
     assert tok.decode(obs) == "<obs>echo: hi</obs>" and env.stop_strings == ("</search>", "</answer>")
     with pytest.raises(ConfigError, match=r"env\.tool_format: unknown tool-call format 'tagz'\. Did you mean 'tags'"):
         AgentEnv([], tok, config={"tool_format": "tagz"})
+
+
+def test_the_reward_reads_no_tool_text_whatever_the_format(tok, task, enc):
+    from agentenv.envs.formats import TagFormat, register_tool_format
+    from agentenv.envs.results import ResultFormatter
+
+    class AnswerInResults(TagFormat):
+        """A format whose every result holds a correct, well-formed answer."""
+
+        def result_formatter(self, tokenizer, template, marker):
+            return ResultFormatter(tokenizer, "<answer>\\boxed{42}</answer>{text}", marker)
+
+    register_tool_format("test_answer_in_results", AnswerInResults, overwrite=True)
+    env = AgentEnv([EchoTool("search")], tok, config={"tool_format": "test_answer_in_results"})
+    env.reset(options={"task": task})
+    obs, *_ = env.step(enc("<search>hi</search>"))
+    assert "<answer>\\boxed{42}</answer>" in tok.decode(obs)
+    _, r, term, _, info = env.step([tok.eos_token_id])
+    assert term and r == -1.0 and not info["reward"]["correct"] and not info["reward"]["format_ok"]
+    assert env.policy_text() == "<search>hi</search>\n"  # its turns only, each decoded alone
