@@ -57,6 +57,7 @@ class WorkerExtension:
         staged: dict[str, Any] = self.__dict__.pop("_agentenv_staged", {})
         if not staged:
             return 0
+        _skip_computed_buffers(self.model_runner.get_model())
         self.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
         _refresh_tied_lm_head(self.model_runner.get_model())
         return len(staged)
@@ -68,6 +69,38 @@ class WorkerExtension:
     def agentenv_install_entropy(self) -> str:
         """Make this worker's sampler report exact entropies (idempotent); returns its class name."""
         return install_entropy_sampler(self.model_runner)
+
+
+def _skip_computed_buffers(model: Any) -> None:
+    """Tell vLLM's layerwise reload which buffers no checkpoint holds.
+
+    The reload counts every parameter and buffer of a layer as something to
+    load; a layer that got none of them is reported ("RotaryEmbedding: Failed
+    to load weights", at every push) and gets its old tensors back. A rotary
+    embedding holds only `cos_sin_cache`, a non-persistent buffer computed from
+    the config, never saved in a checkpoint: putting it back is right, the
+    warning is not. vLLM lists the tensors that no weight loader ever fills in
+    `reload.meta.SKIP_LOAD_TENSORS` (by name); we add the names of the
+    non-persistent buffers of parameterless layers (the rotary caches), unless a
+    loadable tensor elsewhere in the model has the same name. The reload then
+    skips them and still puts them back. Without that set (another vLLM
+    version) nothing changes but the warning.
+    """
+    try:
+        from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+    except ImportError:
+        return
+    computed: set[str] = set()
+    loadable: set[str] = set()
+    for module in model.modules():
+        params = [n for n, p in module.named_parameters(recurse=False) if p is not None]
+        loadable.update(params)
+        non_persistent = module._non_persistent_buffers_set
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is None:
+                continue
+            (computed if not params and name in non_persistent else loadable).add(name)
+    SKIP_LOAD_TENSORS.update(computed - loadable)
 
 
 def _refresh_tied_lm_head(model: Any) -> None:

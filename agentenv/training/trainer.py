@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from agentenv.tasks.task import balanced_subset
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, resolve_model_path
 from agentenv.training.data import TaskStream
+from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.types import Group, SamplingParams
@@ -75,19 +77,27 @@ class Trainer:
         model_path = resolve_model_path(cfg.model.path) if self.acc.is_main_process else None
         self.acc.wait_for_everyone()
         model_path = model_path or resolve_model_path(cfg.model.path)
-        self.rt = runtime or build_runtime(cfg, model_path)
+        rank = self.acc.process_index
+        self.engine_log = EngineLog(
+            None if cfg.logging.verbose else self.out / ("engine.log" if rank == 0 else f"engine.rank{rank}.log")
+        )
+        if self.engine_log.path is not None and self.acc.is_main_process:
+            print(f"[train] engine output: {self.engine_log.path} (logging.verbose=true shows it here)",
+                  file=sys.stderr, flush=True)
+        dtype = getattr(torch, cfg.model.dtype)
+        # The engine's start and the models' loading print pages of logs and progress bars: to the engine log.
+        with self.engine_log.capture():
+            self.rt = runtime or build_runtime(cfg, model_path)
+            model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
+            self.ref_model = None
+            if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
+                self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
+                self.ref_model.requires_grad_(False)
+                self.ref_model.to(self.acc.device)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
-
-        dtype = getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.ref_model = None
-        if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
-            self.ref_model.requires_grad_(False)
-            self.ref_model.to(self.acc.device)
         opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
@@ -342,6 +352,7 @@ class Trainer:
         if not self.loop.is_closed():
             self.run(self.rt.aclose())
             self.loop.close()
+        self.engine_log.close()  # after the engine's shutdown, which logs too
 
 
 class _null:
