@@ -168,7 +168,9 @@ class EntropySampler:
     processes bit for bit, and nothing in vLLM reads it back. A real rank is
     >= 1, so the client tells an entropy from a rank by the sign bit and fails
     loudly instead of misreading one. The ranks vLLM computed are lost; this
-    engine's clients never read them.
+    engine's clients never read them. (Speculative decoding samples through
+    vLLM's rejection sampler instead of this call: its tokens would come back
+    with real ranks, and the client raises.)
     """
 
     _agentenv_scores: Any = None  # (n, V) tensor of the step being sampled

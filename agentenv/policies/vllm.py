@@ -18,7 +18,7 @@ and the trainer's `sequence_logprobs`): the distribution `softmax(logits / T)`
   - `exact` (default): computed inside the engine's worker from the full
     distribution the token was drawn from, where the logits are; it comes back
     in the sampled token's rank slot (see `_vllm_worker.EntropySampler`), so
-    per token one float crosses processes, as for the logprob alone;
+    the same three numbers per token cross processes as for the logprob alone;
   - `topk`: estimated here from the top-k logprobs; see `topk_entropy` for the
     estimator and its error bound;
   - `full`: exact, computed here from the whole vocabulary's logprobs
@@ -76,6 +76,7 @@ __all__ = [
 
 EntropyMode = Literal["exact", "topk", "full"]
 # Per call also `none`: no entropy (NaN), the baseline of bench/policy.py.
+CallEntropyMode = Literal["exact", "topk", "full", "none"]
 _CALL_MODES = ("exact", "topk", "full", "none")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _EXTENSION = "agentenv.policies._vllm_worker.WorkerExtension"
@@ -267,7 +268,7 @@ def topk_entropy(
 
 
 def _token_logprobs_and_entropies(
-    flat: Any, n: int, mode: str, vocab_size: int
+    flat: Any, n: int, mode: CallEntropyMode, vocab_size: int
 ) -> tuple[list[float], list[float]]:
     """Read vLLM's per-position logprobs (a `FlatLogprobs`) of n sampled tokens.
 
@@ -504,7 +505,7 @@ class VLLMPolicy:
     # ------------------------------------------------------------------ generation
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: str | None = None
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> Generation:
         """Sample one continuation of `prompt_ids`; batched with concurrent calls.
 
@@ -519,13 +520,13 @@ class VLLMPolicy:
         return await asyncio.wrap_future(self._loop.submit(self._agenerate(prompt_ids, params, mode)))
 
     def generate_sync(
-        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: str | None = None
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> Generation:
         """Blocking `generate` for scripts (not from inside a running event loop)."""
         return self.generate_many_sync([prompt_ids], params, entropy_mode=entropy_mode)[0]
 
     def generate_many_sync(
-        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: str | None = None
+        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> list[Generation]:
         """Blocking `generate` of several prompts at once (batched by the engine)."""
         _refuse_inside_loop("generate_many_sync")
@@ -550,7 +551,7 @@ class VLLMPolicy:
             )
         return prompt_ids
 
-    def _check_mode(self, mode: str | None) -> str:
+    def _check_mode(self, mode: CallEntropyMode | None) -> CallEntropyMode:
         mode = mode or self.config.entropy_mode
         if mode not in _CALL_MODES:
             raise ValueError(f"entropy_mode must be one of {list(_CALL_MODES)}, got {mode!r}")
@@ -561,7 +562,7 @@ class VLLMPolicy:
             )
         return mode
 
-    def _vllm_params(self, params: SamplingParams, mode: str) -> Any:
+    def _vllm_params(self, params: SamplingParams, mode: CallEntropyMode) -> Any:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -584,7 +585,7 @@ class VLLMPolicy:
             stream_interval=self.config.stop_check_interval if params.stop else None,
         )
 
-    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: str) -> Generation:
+    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: CallEntropyMode) -> Generation:
         """Runs on the engine loop."""
         from vllm.inputs import tokens_input
 
