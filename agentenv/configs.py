@@ -154,6 +154,10 @@ class LoggingConfig:
         wandb: Log to Weights & Biases (needs `pip install agentenv[wandb]`).
         wandb_project: W&B project name.
         progress: Show a progress bar.
+        verbose: Show the inference engine's own output (vLLM's logs, its
+            processes' stdout and stderr, library warnings while it and the
+            models load) on the terminal; by default it goes to
+            `<trainer.output_dir>/engine.log`.
     """
 
     jsonl: bool = True
@@ -161,6 +165,7 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str = "agentenv"
     progress: bool = True
+    verbose: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from agentenv.training import checkpoint as ckpt
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line
 from agentenv.training.data import TaskStream
+from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.scoring import sequence_logprobs
@@ -83,22 +85,32 @@ class Trainer:
         model_path = resolve_model_path(cfg.model.path) if self.acc.is_main_process else None
         self.acc.wait_for_everyone()
         model_path = model_path or resolve_model_path(cfg.model.path)
-        self.rt = runtime or build_runtime(cfg, model_path)
+        rank = self.acc.process_index
+        self.engine_log = EngineLog(
+            None if cfg.logging.verbose else self.out / ("engine.log" if rank == 0 else f"engine.rank{rank}.log")
+        )
+        if self.engine_log.path is not None and self.acc.is_main_process:
+            print(f"[train] engine output: {self.engine_log.path} (logging.verbose=true shows it here)",
+                  file=sys.stderr, flush=True)
+        dtype = getattr(torch, cfg.model.dtype)
+        # The engine's start and the models' loading print pages of logs and progress bars: to the engine log.
+        with self.engine_log.capture():
+            self.rt = runtime or build_runtime(cfg, model_path)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    "model.path", f"cannot load a model from {self.rt.model_path!r}: {first_line(e)}"
+                ) from None
+            self.ref_model = None
+            if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
+                self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
+                self.ref_model.requires_grad_(False)
+                self.ref_model.to(self.acc.device)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
-
-        dtype = getattr(torch, cfg.model.dtype)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise ConfigError("model.path", f"cannot load a model from {self.rt.model_path!r}: {first_line(e)}") from None
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.ref_model = None
-        if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
-            self.ref_model.requires_grad_(False)
-            self.ref_model.to(self.acc.device)
         opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
@@ -439,6 +451,7 @@ class Trainer:
         if not self.loop.is_closed():
             self.run(self.rt.aclose())
             self.loop.close()
+        self.engine_log.close()  # after the engine's shutdown, which logs too
 
 
 def _broadcast_path(path: Path | None) -> Path | None:
