@@ -172,6 +172,11 @@ def test_sigkill_during_a_checkpoint_write_then_resume_logs_like_an_uninterrupte
     assert trainer.start_step == 1
     trainer.train()
     # the same records, step by step, as the run that was never killed
-    for name in ("batches.jsonl", "metrics.jsonl"):
-        assert _records(out / name) == _records(finished_run / name), name
+    assert _records(out / "batches.jsonl") == _records(finished_run / "batches.jsonl")
+    # Metrics to float rounding: the hf policy batches whichever requests are waiting, and a batch's padding
+    # moves logits by ~1e-7 when the machine is busy; the same tasks, tokens and rewards must come back.
+    got, want = _records(out / "metrics.jsonl"), _records(finished_run / "metrics.jsonl")
+    assert [r.keys() for r in got] == [r.keys() for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-4, abs=1e-6), g["step"]
     assert not [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no staging left
