@@ -39,6 +39,7 @@ from agentenv.training.data import TaskStream
 from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
+from agentenv.training.schedule import lr_factor
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
 
@@ -121,10 +122,14 @@ class Trainer:
         opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
-        warm = tc.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / warm) if warm > 0 else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda u: lr_factor(u, total, tc.warmup_steps, tc.lr_schedule, tc.min_lr_ratio)
+        )
         self.total_updates = total
         self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
+        # Accelerate steps a scheduler once per process per call (it assumes per-process batches); an
+        # update here is global (a mini-batch spans every process): one step, or the schedule runs `world` x fast.
+        self.sched.split_batches = True
         self.pad_id = self._pad_id()
         self.start_step = 0
         self.resumed_from: Path | None = None
