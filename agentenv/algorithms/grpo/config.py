@@ -22,7 +22,9 @@ class GRPOConfig:
         clip_high: PPO ratio clip above 1 (ratio <= 1 + clip_high); a larger value
             than clip_low is DAPO's "clip-higher".
         loss_agg: `token_mean` (every policy token weighs the same, DAPO) or
-            `seq_mean_token_mean` (each trajectory weighs the same, GRPO).
+            `seq_mean_token_mean` (each trajectory weighs the same, GRPO). Either
+            mean is over the whole mini-batch (`trainer.mini_batch_tasks`), across
+            its micro-batches and processes; failed trajectories count in neither.
         kl_coef: Weight of the k3 KL penalty to the reference model; 0 turns it
             off and no reference model is loaded (the ARPO paper's setting).
         rollout_correction: Off-policy correction between the sampler's
