@@ -8,14 +8,8 @@ import torch
 
 from agentenv.algorithms.base import LossNorm, TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.config import GRPOConfig
-from agentenv.algorithms.grpo.loss import (
-    aggregate,
-    clipped_pg_loss,
-    group_advantages,
-    kl_k3,
-    masked_mean,
-    rollout_weights,
-)
+from agentenv.algorithms.grpo.loss import aggregate, clipped_pg_loss, group_advantages, kl_k3, masked_mean
+from agentenv.algorithms.grpo.loss import rollout_weights
 from agentenv.rollout.engine import RolloutConfig, RolloutEngine
 from agentenv.types import Group, SamplingParams, Trajectory
 
