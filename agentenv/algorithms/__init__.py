@@ -11,6 +11,7 @@ estimator, a loss and its token accounting; see `agentenv.algorithms.base.Algori
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from agentenv.errors import ConfigError
@@ -24,6 +25,13 @@ def _check(obj: Any, key: str) -> Any:
     if missing:
         raise ConfigError(
             key, f"{obj!r} is not an algorithm: it lacks {', '.join(missing)} (see agentenv.algorithms.base.Algorithm)"
+        )
+    params = inspect.signature(obj.loss).parameters.values()
+    if not any(p.name == "norm" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ConfigError(
+            key,
+            f"{obj!r}: loss(batch, new_logprobs) must also take `norm`, the mini-batch's LossNorm, and divide by it: "
+            "the trainer sums the micro-batch losses of a mini-batch (see agentenv.algorithms.base.Algorithm.loss)",
         )
     return obj
 

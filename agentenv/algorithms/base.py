@@ -66,6 +66,42 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
 
+@dataclass(frozen=True)
+class LossNorm:
+    """The denominators of one mini-batch's loss, counted over all its micro-batches and processes.
+
+    A loss divides its micro-batch's sum by these, so that the losses of a
+    mini-batch's micro-batches add up (the trainer's gradient accumulation sums
+    them) to the mini-batch's mean, whatever the micro-batch size. Data-parallel
+    backends (DDP, FSDP) average gradients over processes, so each process
+    divides by its share, count / world.
+
+    Attributes:
+        tokens: Policy tokens (the loss mask's sum) of the mini-batch.
+        sequences: Its rows with at least one policy token (failed
+            trajectories have none).
+        world: Processes whose gradients are averaged.
+    """
+
+    tokens: float
+    sequences: float
+    world: int = 1
+
+    @classmethod
+    def of(cls, loss_mask: torch.Tensor) -> "LossNorm":
+        """The counts of one (B, T) mask on one process."""
+        per_row = loss_mask.detach().sum(dim=1)  # (B,)
+        return cls(tokens=float(per_row.sum()), sequences=float((per_row > 0).sum()))
+
+    @property
+    def token_denominator(self) -> float:
+        return max(self.tokens, 1.0) / self.world
+
+    @property
+    def sequence_denominator(self) -> float:
+        return max(self.sequences, 1.0) / self.world
+
+
 MakeEnv = Callable[[], Any]
 
 
@@ -109,7 +145,16 @@ class Algorithm(Protocol):
         """Per trajectory, a (len(trajectory),) tensor of per-token advantages."""
         ...
 
-    def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def loss(
+        self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch and its metrics (means over this micro-batch).
+
+        `new_logprobs` is (B, T), with gradients. The trainer passes `norm`, the
+        mini-batch's counts: divide by them (not by this micro-batch's), since the
+        trainer sums the micro-batch losses of a mini-batch before each update.
+        """
+        ...
 
 
 def generated_tokens(traj: Trajectory) -> int:

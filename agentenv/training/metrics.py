@@ -25,9 +25,12 @@ class MetricsLogger:
         out_dir: The run's folder.
         cfg: Which sinks.
         run_config: Logged to W&B.
-        purge_step: On resume, TensorBoard events from this step on are
-            discarded (the resumed run writes them again).
+        purge_step: Set on resume (None otherwise): TensorBoard events from
+            this step on are discarded (the resumed run writes them again), and
+            W&B continues the run whose id `wandb_run.json` in `out_dir` holds.
     """
+
+    WANDB_RUN_FILE = "wandb_run.json"
 
     def __init__(
         self,
@@ -47,11 +50,30 @@ class MetricsLogger:
             self._tb = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge_step)
         self._wandb = None
         if cfg.wandb:
-            try:
-                import wandb
-            except ImportError as e:
-                raise ImportError("logging.wandb is true but wandb is not installed: pip install 'agentenv[wandb]'") from e
-            self._wandb = wandb.init(project=cfg.wandb_project, config=dict(run_config or {}), dir=str(self.out_dir))
+            self._wandb = self._init_wandb(run_config, resume=purge_step is not None)
+
+    def _init_wandb(self, run_config: Mapping[str, Any] | None, resume: bool) -> Any:
+        """A W&B run; on resume the run this folder logged to before (its id is kept in `wandb_run.json`).
+
+        Steps W&B already received past the checkpoint resumed from are not
+        rewritten: W&B keeps a run's steps increasing and drops the repeats.
+        """
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("logging.wandb is true but wandb is not installed: pip install 'agentenv[wandb]'") from e
+        id_file = self.out_dir / self.WANDB_RUN_FILE
+        run_id = None
+        if resume and id_file.exists():
+            run_id = json.loads(id_file.read_text())["id"]
+        elif resume:
+            log.warning("no %s in %s: W&B starts a new run", self.WANDB_RUN_FILE, self.out_dir)
+        run = wandb.init(
+            project=self.cfg.wandb_project, config=dict(run_config or {}), dir=str(self.out_dir),
+            id=run_id, resume="allow",  # id None: W&B picks a new one
+        )  # fmt: skip
+        id_file.write_text(json.dumps({"id": run.id, "project": self.cfg.wandb_project}))
+        return run
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {k: float(v) for k, v in metrics.items() if v is not None}

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from agentenv.algorithms import get_algorithm
-from agentenv.algorithms.base import TrainBatch
+from agentenv.algorithms.base import LossNorm, TrainBatch
+from agentenv.algorithms.grpo.loss import kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
@@ -38,6 +39,7 @@ from agentenv.training.data import TaskStream
 from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
+from agentenv.training.schedule import lr_factor
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
 
@@ -77,6 +79,12 @@ class Trainer:
                 f"{tc.tasks_per_step} and trainer.mini_batch_tasks {tc.mini_batch_tasks} "
                 f"must be divisible by the number of processes {world}",
             )
+        if self.acc.gradient_accumulation_steps != 1:  # Accelerate would divide each micro-batch loss again
+            raise ConfigError(
+                "gradient_accumulation_steps",
+                f"the Accelerate config sets {self.acc.gradient_accumulation_steps}; leave it at 1: the trainer "
+                "accumulates the micro-batches of trainer.mini_batch_tasks itself (trainer.micro_batch_size)",
+            )
         set_seed(tc.seed)
         self.out = Path(tc.output_dir)
         check_output_dir(self.out)  # before minutes of model loading
@@ -114,10 +122,14 @@ class Trainer:
         opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
-        warm = tc.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / warm) if warm > 0 else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda u: lr_factor(u, total, tc.warmup_steps, tc.lr_schedule, tc.min_lr_ratio)
+        )
         self.total_updates = total
         self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
+        # Accelerate steps a scheduler once per process per call (it assumes per-process batches); an
+        # update here is global (a mini-batch spans every process): one step, or the schedule runs `world` x fast.
+        self.sched.split_batches = True
         self.pad_id = self._pad_id()
         self.start_step = 0
         self.resumed_from: Path | None = None
@@ -240,17 +252,7 @@ class Trainer:
         for _ in range(tc.ppo_epochs):
             for g0 in range(0, len(groups), tasks_per_mb):
                 rows = torch.nonzero((group_idx >= g0) & (group_idx < g0 + tasks_per_mb)).flatten()
-                mb = batch.select(rows)
-                micro = chunks(len(mb), tc.micro_batch_size)
-                for mi, s in enumerate(micro):
-                    part = mb.select(s).trimmed().to(self.acc.device)
-                    last = mi == len(micro) - 1
-                    ctx = self.acc.no_sync(self.model) if not last else _null()
-                    with ctx:
-                        new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
-                        loss, m = self.algorithm.loss(part, new_lp)
-                        self.acc.backward(loss / len(micro))
-                    loss_metrics.append(m)
+                loss_metrics += self.accumulate(batch.select(rows), tc.micro_batch_size)
                 if self.acc.sync_gradients:
                     gn = float(self.acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
                     grad_norms.append(gn)
@@ -278,6 +280,34 @@ class Trainer:
             }
         )
         return metrics
+
+    def accumulate(self, mb: TrainBatch, micro_batch_size: int) -> list[dict[str, float]]:
+        """Gradients of one mini-batch (this rank's rows), in micro-batches; returns each one's loss metrics.
+
+        Each micro-batch's loss is divided by the whole mini-batch's counts
+        (`loss_norm`), so their sum, which backward accumulates, is the
+        mini-batch's loss whatever the micro-batch size; gradients are
+        all-reduced across ranks on the last micro-batch.
+        """
+        norm = self.loss_norm(mb.loss_mask)
+        micro = chunks(len(mb), micro_batch_size)
+        metrics = []
+        for mi, s in enumerate(micro):
+            part = mb.select(s).trimmed().to(self.acc.device)
+            ctx = self.acc.no_sync(self.model) if mi < len(micro) - 1 else _null()
+            with ctx:
+                new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                loss, m = self.algorithm.loss(part, new_lp, norm=norm)
+                self.acc.backward(loss)  # summed over micro-batches, not averaged
+            metrics.append(m)
+        return metrics
+
+    def loss_norm(self, loss_mask: torch.Tensor) -> LossNorm:
+        """A mini-batch's policy tokens and sequences summed over all ranks (each rank holds its share)."""
+        local = LossNorm.of(loss_mask)
+        counts = torch.tensor([local.tokens, local.sequences], dtype=torch.float64, device=self.acc.device)
+        tokens, sequences = self.acc.reduce(counts, reduction="sum").cpu().tolist()
+        return LossNorm(tokens=tokens, sequences=sequences, world=self.acc.num_processes)
 
     def _weights_finite(self) -> bool:
         """Every parameter finite, on every rank (one reduced flag; shards are checked where they live)."""
@@ -330,6 +360,10 @@ class Trainer:
         ent = torch.tensor([h for t in trajs for s in t.segments if s.source == "policy" for h in s.entropies])
         ent = ent[torch.isfinite(ent)]
         gap = (batch.old_logprobs - batch.sampler_logprobs).abs() * mask
+        # sampler vs trainer: k3 estimate of KL(sampler || trainer) over the sampled tokens, and the largest
+        # importance ratio pi_trainer / pi_sampler (what `algorithm.rollout_correction` caps)
+        mismatch = kl_k3(batch.sampler_logprobs.double(), batch.old_logprobs.double(), mask)
+        log_rho = (batch.old_logprobs - batch.sampler_logprobs).masked_fill(mask == 0, -math.inf)
         sums = {
             "n_traj": float(len(trajs)),
             "n_groups": float(len(groups)),
@@ -344,6 +378,7 @@ class Trainer:
             "gap_sum": float(gap.sum()),
             "gap_n": float(mask.sum()),
             "gap_max": float(gap.max()) if gap.numel() else 0.0,
+            "mismatch_kl": float(mismatch.sum()),
             "loss_n": float(len(loss_metrics)),
         }
         keys = sorted({k for m in loss_metrics for k in m})
@@ -352,7 +387,9 @@ class Trainer:
         names = sorted(sums)
         vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=self.acc.device)
         total = dict(zip(names, self.acc.reduce(vec, reduction="sum").cpu().tolist()))
-        gap_max = self.acc.gather(torch.tensor([sums["gap_max"]], device=self.acc.device)).max()
+        rho_max = float(log_rho.max()) if log_rho.numel() else -math.inf
+        maxes = self.acc.gather(torch.tensor([[sums["gap_max"], rho_max]], dtype=torch.float64, device=self.acc.device))
+        gap_max, rho_max = maxes.max(dim=0).values.tolist()
         n = max(total["n_traj"], 1.0)
         out = {
             "rollout/reward": total["reward"] / n,
@@ -363,7 +400,10 @@ class Trainer:
             "rollout/trajectories": total["n_traj"],
             "rollout/entropy": total["entropy_sum"] / max(total["entropy_n"], 1.0),
             "train/logprob_gap_mean": total["gap_sum"] / max(total["gap_n"], 1.0),
-            "train/logprob_gap_max": float(gap_max.item()),
+            "train/logprob_gap_max": gap_max,
+            "train/mismatch_kl": total["mismatch_kl"] / max(total["gap_n"], 1.0),
+            # no policy token: 1; a ratio past float64 (a -inf sampler logprob): inf
+            "train/is_ratio_max": 1.0 if rho_max == -math.inf else float(torch.tensor(rho_max, dtype=torch.float64).exp()),
         }
         for k in keys:
             out[f"train/{k}"] = total[f"loss/{k}"] / max(total["loss_n"], 1.0)

@@ -9,7 +9,7 @@ import torch
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
-from agentenv.algorithms.base import TrainBatch, group_generated_tokens
+from agentenv.algorithms.base import LossNorm, TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss, trajectory_advantages
 from agentenv.rollout.engine import RolloutConfig
 from agentenv.types import Group
@@ -47,5 +47,7 @@ class ARPO:
     def advantages(self, group: Group) -> list[torch.Tensor]:
         return arpo_advantages(group, self.cfg)
 
-    def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        return policy_loss(batch, new_logprobs, self.cfg)
+    def loss(
+        self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return policy_loss(batch, new_logprobs, self.cfg, norm)

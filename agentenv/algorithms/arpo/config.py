@@ -23,7 +23,9 @@ class ARPOConfig(GRPOConfig):
     """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849, section 3).
 
     Symbols are the paper's. Inherited from GRPOConfig: `normalize_std`,
-    `clip_low`, `clip_high`, `loss_agg`, `kl_coef` (the paper: KL 0).
+    `clip_low`, `clip_high`, `loss_agg`, `kl_coef` (the paper: KL 0), and the
+    off-policy correction `rollout_correction`, `rollout_correction_level`,
+    `rollout_correction_cap`.
 
     Attributes:
         group_size: M, the global budget: trajectories per task, counting

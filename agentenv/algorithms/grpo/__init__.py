@@ -2,7 +2,14 @@
 
 from agentenv.algorithms.grpo.algorithm import GRPO, IndependentSampler, policy_loss, trajectory_advantages
 from agentenv.algorithms.grpo.config import GRPOConfig
-from agentenv.algorithms.grpo.loss import aggregate, clipped_pg_loss, group_advantages, kl_k3, masked_mean
+from agentenv.algorithms.grpo.loss import (
+    aggregate,
+    clipped_pg_loss,
+    group_advantages,
+    kl_k3,
+    masked_mean,
+    rollout_weights,
+)
 
 __all__ = [
     "GRPO",
@@ -14,5 +21,6 @@ __all__ = [
     "kl_k3",
     "masked_mean",
     "policy_loss",
+    "rollout_weights",
     "trajectory_advantages",
 ]

@@ -6,9 +6,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from agentenv.algorithms.base import TrainBatch, group_generated_tokens
+from agentenv.algorithms.base import LossNorm, TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.config import GRPOConfig
 from agentenv.algorithms.grpo.loss import aggregate, clipped_pg_loss, group_advantages, kl_k3, masked_mean
+from agentenv.algorithms.grpo.loss import rollout_weights
 from agentenv.rollout.engine import RolloutConfig, RolloutEngine
 from agentenv.types import Group, SamplingParams, Trajectory
 
@@ -73,24 +74,37 @@ class GRPO:
         scalars = trajectory_advantages(group, self.cfg.normalize_std)
         return [broadcast(t, a) for t, a in zip(group.trajectories, scalars)]
 
-    def loss(self, batch: TrainBatch, new_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        return policy_loss(batch, new_logprobs, self.cfg)
+    def loss(
+        self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return policy_loss(batch, new_logprobs, self.cfg, norm)
 
 
-def policy_loss(batch: TrainBatch, new_logprobs: torch.Tensor, cfg: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO's loss on one micro-batch; shared by algorithms that reuse it (ARPO)."""
+def policy_loss(
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: GRPOConfig, norm: LossNorm | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO's loss on one micro-batch, normalized by `norm` (the mini-batch's counts; None: this
+    micro-batch's); shared by algorithms that reuse it (ARPO). Metrics are this micro-batch's means."""
     mask = batch.loss_mask  # (B, T)
     per_token, clipped = clipped_pg_loss(new_logprobs, batch.old_logprobs, batch.advantages, cfg.clip_low, cfg.clip_high)
     metrics: dict[str, float] = {}
+    if cfg.rollout_correction != "none":
+        w, over = rollout_weights(
+            batch.old_logprobs, batch.sampler_logprobs, mask,
+            cfg.rollout_correction, cfg.rollout_correction_level, cfg.rollout_correction_cap,
+        )  # fmt: skip
+        per_token = per_token * w  # (B, T); the policy-gradient term only, as TRL and verl
+        metrics["is_weight_mean"] = masked_mean(w, mask).item()
+        metrics["is_capped_frac"] = masked_mean(over.float(), mask).item()
     if cfg.kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs in the batch")
-        kl = kl_k3(new_logprobs, batch.ref_logprobs)  # (B, T)
+        kl = kl_k3(new_logprobs, batch.ref_logprobs, mask)  # (B, T)
         per_token = per_token + cfg.kl_coef * kl
         metrics["kl"] = masked_mean(kl.detach(), mask).item()
-    loss = aggregate(per_token, mask, cfg.loss_agg)
+    loss = aggregate(per_token, mask, cfg.loss_agg, norm)
     with torch.no_grad():
         metrics["clip_frac"] = masked_mean(clipped.float(), mask).item()
         metrics["ratio_mean"] = masked_mean(torch.exp(new_logprobs - batch.old_logprobs), mask).item()
-        metrics["pg_loss"] = loss.item()
+        metrics["pg_loss"] = aggregate(per_token, mask, cfg.loss_agg).item()  # this micro-batch's mean
     return loss, metrics

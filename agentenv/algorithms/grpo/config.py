@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentenv.errors import ConfigError
+from agentenv.loader import check_number
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,22 @@ class GRPOConfig:
         clip_high: PPO ratio clip above 1 (ratio <= 1 + clip_high); a larger value
             than clip_low is DAPO's "clip-higher".
         loss_agg: `token_mean` (every policy token weighs the same, DAPO) or
-            `seq_mean_token_mean` (each trajectory weighs the same, GRPO).
+            `seq_mean_token_mean` (each trajectory weighs the same, GRPO). Either
+            mean is over the whole mini-batch (`trainer.mini_batch_tasks`), across
+            its micro-batches and processes; failed trajectories count in neither.
         kl_coef: Weight of the k3 KL penalty to the reference model; 0 turns it
             off and no reference model is loaded (the ARPO paper's setting).
+        rollout_correction: Off-policy correction between the sampler's
+            per-token logprobs (vLLM's, or the hf backend's) and the trainer's,
+            with rho = pi_trainer / pi_sampler: `none`; `tis`, truncated
+            importance sampling, weighs each token's policy-gradient loss by
+            min(rho, C) (Yao et al., 2025); `mis`, masked importance sampling,
+            by rho where rho <= C and 0 beyond (Liu et al., 2025). As TRL's
+            `vllm_importance_sampling_mode` and verl's `rollout_is`. The
+            mismatch (`train/mismatch_kl`, `train/is_ratio_max`) is logged either way.
+        rollout_correction_level: `token` (rho per token) or `sequence` (the
+            product of a trajectory's token ratios, on each of its tokens).
+        rollout_correction_cap: C, the cap on rho (> 1; TRL's and verl's default 2).
     """
 
     group_size: int = 8
@@ -32,6 +46,9 @@ class GRPOConfig:
     clip_high: float = 0.2
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     kl_coef: float = 0.0
+    rollout_correction: Literal["none", "tis", "mis"] = "none"
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    rollout_correction_cap: float = 2.0
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -44,5 +61,11 @@ class GRPOConfig:
             raise ConfigError(
                 "algorithm.loss_agg", f"must be 'token_mean' or 'seq_mean_token_mean', got {self.loss_agg!r}"
             )
-        if self.kl_coef < 0:
-            raise ConfigError("algorithm.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        check_number("algorithm.kl_coef", self.kl_coef, low_ok=True)
+        choices = {"rollout_correction": ("none", "tis", "mis"), "rollout_correction_level": ("token", "sequence")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
+                )
+        check_number("algorithm.rollout_correction_cap", self.rollout_correction_cap, low=1.0)
