@@ -261,13 +261,15 @@ class Strategy:
             )  # fmt: skip
         state = self._dcp_state(model, opt)
         dcp.load(state, checkpoint_id=str(ckpt / SHARDED_DIR))
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=self._options())
+        # dcp.load fails on a key the checkpoint lacks; not strict here only so the frozen base may stay out
+        options = self._options(strict=not self.lora.enabled)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
 
-    def _options(self) -> Any:
+    def _options(self, strict: bool = True) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         # With LoRA only the adapters train: the frozen base comes from model.path, not the checkpoint.
-        return StateDictOptions(ignore_frozen_params=self.lora.enabled)
+        return StateDictOptions(ignore_frozen_params=self.lora.enabled, strict=strict)
 
     def _dcp_state(self, model: torch.nn.Module, opt: Any) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
