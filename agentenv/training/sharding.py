@@ -137,7 +137,8 @@ class Strategy:
         lora: `model.lora`.
 
     Raises:
-        ConfigError: The Accelerate launch config asks Accelerate itself to shard (FSDP, DeepSpeed).
+        ConfigError: The Accelerate launch config asks Accelerate itself to shard (FSDP, DeepSpeed,
+            Megatron): one way to shard, `trainer.strategy`.
     """
 
     def __init__(self, accelerator: Any, name: str, lora: LoraConfig):
@@ -148,8 +149,8 @@ class Strategy:
             raise ConfigError(
                 "trainer.strategy",
                 f"{name!r}, but the Accelerate launch config sets distributed_type {kind.value}: agentenv shards the "
-                "model itself. Launch with a plain multi-process config (configs/accelerate/multi_gpu.yaml) and set "
-                "trainer.strategy=fsdp2 to shard",
+                "model itself. Launch with torchrun, or an Accelerate config of distributed_type MULTI_GPU (MULTI_CPU), "
+                "and set trainer.strategy=fsdp2 to shard",
             )
         self.acc = accelerator
         self.name = name

@@ -1,7 +1,8 @@
 """The Accelerate trainer: roll out, score, advantages, update, push weights, log, checkpoint.
 
-One code path for one CPU process, DDP/FSDP/DeepSpeed on GPUs and several
-nodes (`accelerate launch` / `torchrun`). Each rank rolls out its own share of
+One code path for one CPU process, DDP or FSDP2 (`trainer.strategy`, see
+`sharding`) on CPU processes or GPUs, and several nodes (`accelerate launch` /
+`torchrun`). Each rank rolls out its own share of
 every batch; Accelerate all-reduces the gradients; metrics are reduced across
 ranks. The trainer only orchestrates: sampling is the algorithm's sampler,
 advantages and the loss are the algorithm's pure functions.

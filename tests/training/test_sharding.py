@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from agentenv.configs import config_from_dict
-from agentenv.training.checkpoint import latest_checkpoint
+from agentenv.training.checkpoint import find_resumable, latest_checkpoint
 from agentenv.training.data import TaskStream
 from agentenv.training.scoring import sequence_logprobs
 
@@ -132,6 +132,15 @@ def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, tmp
     with torch.no_grad():
         lp, _ = sequence_logprobs(model, torch.tensor([probe]))
     torch.testing.assert_close(lp[0], resumes[0]["final_lp"], atol=2e-4, rtol=0)
+
+    # a damaged shard is caught by the checkpoint's manifest: resume falls back to the older checkpoint
+    if "fsdp2" in case:
+        shard = sorted((run / "checkpoints" / "step_000002" / "sharded").glob("*.distcp"))[-1]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        chosen, skipped = find_resumable(run)
+        assert chosen == ckpt1 and "does not match its SHA-256" in skipped[0][1]
 
 
 def cfg_model(cfg) -> str:
