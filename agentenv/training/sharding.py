@@ -180,7 +180,8 @@ class Strategy:
         model.to(self.acc.device)
         mesh = init_device_mesh(self.acc.device.type, (self.acc.num_processes,))
         # One unit per decoder layer (transformers lists the block class in `_no_split_modules`): its
-        # parameters are gathered for its forward and backward only, so at most one layer is whole at a time.
+        # parameters are gathered for its forward and backward only (and prefetched for the next layer's), so
+        # besides the root's (embeddings, final norm, lm_head) only a layer or two are whole at a time.
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         blocks = set(getattr(inner, "_no_split_modules", None) or [])
         units = [m for m in model.modules() if type(m).__name__ in blocks]
