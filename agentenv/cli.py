@@ -1,4 +1,4 @@
-"""The `agentenv` command: train, eval, bench, tiny, sandbox."""
+"""The `agentenv` command: train, eval, export, bench, tiny, sandbox."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def eval_(
 
     if checkpoint is not None:
         model_path = str(checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint)
+        if any((checkpoint / d).is_dir() for d in ("sharded", "adapter")):
+            _fail(ConfigError("--checkpoint", f"{checkpoint} is sharded or LoRA: `agentenv export {checkpoint} --out DIR`, "
+                                              "then --checkpoint DIR"))
         if not Path(model_path, "config.json").exists():
             _fail(ConfigError("--checkpoint", f"{checkpoint} holds no model (no config.json in it or in its model/)"))
     else:
@@ -122,6 +125,20 @@ def eval_(
             out.write_text(text)
         except OSError as e:
             _fail(InfraError(f"the report above could not be written to {out}: {e}"))
+
+
+@app.command()
+def export(
+    source: Path = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="A run folder (its newest intact checkpoint) or a checkpoint folder."),
+    out: Path = typer.Option(..., "--out", help="The transformers folder to write (must not exist)."),
+) -> None:
+    """Write a checkpoint (plain, sharded or LoRA) as a transformers folder that `from_pretrained` loads."""
+    from agentenv.training.export import export as export_checkpoint
+
+    try:
+        typer.echo(str(export_checkpoint(source, out)))
+    except AgentEnvError as e:
+        _fail(e)
 
 
 @app.command()

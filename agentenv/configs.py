@@ -28,6 +28,37 @@ from agentenv.rollout.engine import RolloutConfig
 
 # --------------------------------------------------------------------------- sections
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021, through PEFT): only the adapters train.
+
+    Attributes:
+        r: Rank of each adapter; 0 turns LoRA off (every weight trains).
+        alpha: Scale numerator: an adapter adds `alpha / r * B @ A` to its weight.
+        dropout: Dropout on the adapters' input while training.
+        target_modules: Names of the linear layers that get adapters (PEFT's
+            `target_modules`; the default is every projection of a Qwen2/Llama block).
+    """
+
+    r: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self) -> None:
+        check_number("model.lora.r", self.r, low_ok=True, integer=True)
+        check_number("model.lora.alpha", self.alpha)
+        check_number("model.lora.dropout", self.dropout, low_ok=True)
+        if self.dropout >= 1.0:
+            raise ConfigError("model.lora.dropout", f"must be below 1, got {self.dropout!r}")
+        if self.enabled and not self.target_modules:
+            raise ConfigError("model.lora.target_modules", "must name at least one layer when model.lora.r > 0, got []")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The model that is trained.
 
@@ -37,11 +68,13 @@ class ModelConfig:
             first use (see `agentenv.policies.models`).
         dtype: Training dtype of the weights.
         gradient_checkpointing: Trade compute for memory on long contexts.
+        lora: Train low-rank adapters instead of every weight (`r: 0`, the default, is off).
     """
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         if not self.path.strip():
@@ -95,6 +128,13 @@ class TrainerConfig:
             of different seeds score with the same per-request sampling seeds, so
             their evaluations differ by what training did (and, on vLLM, by
             batch-dependent numerics).
+        strategy: How the trained model is spread over the processes: `ddp`
+            (each process holds all of it; gradients are all-reduced) or `fsdp2`
+            (parameters, gradients and optimizer state are sharded with
+            PyTorch's `fully_shard`, one unit per decoder layer; checkpoints are
+            sharded too). With one process `ddp` is plain training. Launch with
+            `torchrun` or `accelerate launch` and a plain multi-process
+            Accelerate config: sharding is this key's job, not Accelerate's.
         max_failed_steps: Stop the run (with an error saying why) after this
             many consecutive steps in which every trajectory failed.
         nonfinite_patience: Stop the run after this many consecutive steps
@@ -122,6 +162,7 @@ class TrainerConfig:
     eval_samples: int = 1
     eval_temperature: float = 0.0
     eval_seed: int | None = None
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
     max_failed_steps: int = 3
     nonfinite_patience: int = 3
 

@@ -1,7 +1,8 @@
 """The Accelerate trainer: roll out, score, advantages, update, push weights, log, checkpoint.
 
-One code path for one CPU process, DDP/FSDP/DeepSpeed on GPUs and several
-nodes (`accelerate launch` / `torchrun`). Each rank rolls out its own share of
+One code path for one CPU process, DDP or FSDP2 (`trainer.strategy`, see
+`sharding`) on CPU processes or GPUs, and several nodes (`accelerate launch` /
+`torchrun`). Each rank rolls out its own share of
 every batch; Accelerate all-reduces the gradients; metrics are reduced across
 ranks. The trainer only orchestrates: sampling is the algorithm's sampler,
 advantages and the loss are the algorithm's pure functions.
@@ -33,6 +34,7 @@ from agentenv.rollout import derive_seed
 from agentenv.rollout.engine import failed_group
 from agentenv.tasks.task import balanced_subset
 from agentenv.training import checkpoint as ckpt
+from agentenv.training import sharding
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line
 from agentenv.training.data import TaskStream
@@ -119,17 +121,21 @@ class Trainer:
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda u: lr_factor(u, total, tc.warmup_steps, tc.lr_schedule, tc.min_lr_ratio)
-        )
         self.total_updates = total
-        self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
-        # Accelerate steps a scheduler once per process per call (it assumes per-process batches); an
-        # update here is global (a mini-batch spans every process): one step, or the schedule runs `world` x fast.
-        self.sched.split_batches = True
+        self.strategy = sharding.Strategy(self.acc, tc.strategy, cfg.model.lora)
+        self.model, self.opt, self.sched = self.strategy.prepare(
+            model,
+            lambda params: torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay),
+            lambda opt: torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda u: lr_factor(u, total, tc.warmup_steps, tc.lr_schedule, tc.min_lr_ratio)
+            ),
+        )
+        if hasattr(self.sched, "split_batches"):  # Accelerate's wrapper (not under fsdp2, which keeps the bare one)
+            # Accelerate steps a scheduler once per process per call (it assumes per-process batches); an
+            # update here is global (a mini-batch spans every process): one step, or the schedule runs `world` x fast.
+            self.sched.split_batches = True
         self.pad_id = self._pad_id()
         self.start_step = 0
         self.resumed_from: Path | None = None
@@ -160,6 +166,7 @@ class Trainer:
         if chosen is not None:
             try:
                 self.acc.load_state(str(chosen))
+                self.strategy.load(self.model, self.opt, chosen)
             except Exception as e:  # verified, yet unloadable: never continue half-loaded
                 raise InfraError(
                     f"checkpoint {chosen} passed verification but did not load ({type(e).__name__}: {e}); "
@@ -181,9 +188,8 @@ class Trainer:
         return self.acc.unwrap_model(self.model)
 
     def push_weights(self) -> None:
-        """Send the trainer's weights to the rollout policy."""
-        state = self.unwrapped().state_dict()
-        self.rt.policy.load_weights((k, v.detach()) for k, v in state.items())
+        """Send the trainer's weights to the rollout policy, one full tensor at a time (gathered, LoRA merged)."""
+        self.rt.policy.load_weights(sharding.full_weights(self.unwrapped()))
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -213,11 +219,23 @@ class Trainer:
         """Logprobs of the batch under `model`, in micro-batches: (B, T)."""
         out = torch.zeros_like(batch.old_logprobs)
         mb = self.cfg.trainer.micro_batch_size
-        for s in chunks(len(batch), mb):
+        parts = chunks(len(batch), mb)
+        for s in parts:
             part = batch.select(s).trimmed().to(self.acc.device)
             lp, _ = sequence_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
             out[s, : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
+        if model is not self.ref_model:
+            self._idle_passes(batch, len(parts), backward=False)
         return out * batch.loss_mask
+
+    def _idle_passes(self, batch: TrainBatch, done: int, backward: bool) -> None:
+        """Under fsdp2 every forward is a collective: a rank with fewer micro-batches runs empty ones (loss 0)."""
+        for _ in range(self.strategy.common_count(done) - done):
+            part = batch.select(slice(0, 1)).trimmed().to(self.acc.device)
+            with torch.set_grad_enabled(backward):
+                lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                if backward:
+                    self.acc.backward(lp.sum() * 0.0)
 
     def train_step(self, step: int) -> dict[str, float]:
         tc = self.cfg.trainer
@@ -254,7 +272,7 @@ class Trainer:
                 rows = torch.nonzero((group_idx >= g0) & (group_idx < g0 + tasks_per_mb)).flatten()
                 loss_metrics += self.accumulate(batch.select(rows), tc.micro_batch_size)
                 if self.acc.sync_gradients:
-                    gn = float(self.acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
+                    gn = self.strategy.clip_grad_norm_(self.model, tc.max_grad_norm)
                     grad_norms.append(gn)
                     if not math.isfinite(gn):  # the same on every rank: gradients are all-reduced
                         skipped += 1  # a NaN/inf step would poison the weights and the optimizer's moments
@@ -294,12 +312,12 @@ class Trainer:
         metrics = []
         for mi, s in enumerate(micro):
             part = mb.select(s).trimmed().to(self.acc.device)
-            ctx = self.acc.no_sync(self.model) if mi < len(micro) - 1 else _null()
-            with ctx:
+            with self.strategy.no_sync(self.model, last=mi == len(micro) - 1):
                 new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
                 loss, m = self.algorithm.loss(part, new_lp, norm=norm)
                 self.acc.backward(loss)  # summed over micro-batches, not averaged
             metrics.append(m)
+        self._idle_passes(mb, len(micro), backward=True)
         return metrics
 
     def loss_norm(self, loss_mask: torch.Tensor) -> LossNorm:
@@ -311,7 +329,7 @@ class Trainer:
 
     def _weights_finite(self) -> bool:
         """Every parameter finite, on every rank (one reduced flag; shards are checked where they live)."""
-        bad = sum(int(not torch.isfinite(p).all()) for p in self.model.parameters())
+        bad = sum(int(not torch.isfinite(sharding.local(p)).all()) for p in self.model.parameters())
         flag = torch.tensor([float(bad)], device=self.acc.device)
         return float(self.acc.reduce(flag, reduction="sum").item()) == 0.0
 
@@ -434,11 +452,9 @@ class Trainer:
             ckpt.begin(self.out, step)
         self.acc.wait_for_everyone()
         self.acc.save_state(str(staging))
-        self.acc.wait_for_everyone()  # every rank's RNG state is written
+        self.strategy.save(self.model, self.opt, staging, self.rt.tokenizer)
+        self.acc.wait_for_everyone()  # every rank's RNG state and shards are written
         if self.acc.is_main_process:
-            model_dir = staging / "model"
-            self.unwrapped().save_pretrained(model_dir, safe_serialization=True)
-            self.rt.tokenizer.save_pretrained(model_dir)
             ckpt.write_state(staging, {"step": step, "stream": self.stream.state_dict(), "time": time.time()})
             ckpt.finalize(staging, final)
             ckpt.prune(self.out, self.cfg.trainer.keep_checkpoints)
@@ -501,14 +517,6 @@ def _broadcast_path(path: Path | None) -> Path | None:
     box = [str(path) if path is not None else None]
     broadcast_object_list(box)
     return Path(box[0]) if box[0] is not None else None
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _progress(enabled: bool) -> Any:
