@@ -96,6 +96,12 @@ class TrainerConfig:
         nonfinite_patience: Stop the run after this many consecutive steps
             whose loss or gradient norm was not finite (their updates are
             skipped); weights that stop being finite stop it at once.
+        pack_prefixes: Compute the prefixes that a micro-batch's trajectories
+            share (an ARPO tree's branches, a group's prompt) once in the
+            old-logprob recompute and the update (`agentenv.training.packing`;
+            the same logprobs and gradients). `auto`: where the model's attention
+            takes a 4D mask (eager, sdpa; not FlashAttention); `on`: always (an
+            error where it cannot); `off`: never.
     """
 
     steps: int = 20
@@ -118,6 +124,7 @@ class TrainerConfig:
     eval_seed: int | None = None
     max_failed_steps: int = 3
     nonfinite_patience: int = 3
+    pack_prefixes: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",

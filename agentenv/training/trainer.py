@@ -38,6 +38,7 @@ from agentenv.training.data import TaskStream
 from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
+from agentenv.training.packing import packing_enabled
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
 
@@ -117,6 +118,7 @@ class Trainer:
         warm = tc.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / warm) if warm > 0 else 1.0)
         self.total_updates = total
+        self.pack = packing_enabled(tc.pack_prefixes, model)  # shared prefixes once in recompute and update
         self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
         self.pad_id = self._pad_id()
         self.start_step = 0
@@ -203,7 +205,9 @@ class Trainer:
         mb = self.cfg.trainer.micro_batch_size
         for s in chunks(len(batch), mb):
             part = batch.select(s).trimmed().to(self.acc.device)
-            lp, _ = sequence_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+            lp, _ = sequence_logprobs(
+                model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
+            )
             out[s, : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
         return out * batch.loss_mask
 
@@ -225,11 +229,13 @@ class Trainer:
                 advs.append(a)
                 group_of.append(gi)
         batch = collate(trajs, advs, self.pad_id)
+        t1 = time.perf_counter()
         self.model.eval()
         batch.old_logprobs = self.recompute(batch, self.unwrapped())
         if self.ref_model is not None:
             batch.ref_logprobs = self.recompute(batch, self.ref_model)
         self.model.train()
+        t_old = time.perf_counter() - t1
 
         # updates: this rank's tasks split into mini-batches of whole groups
         tasks_per_mb = tc.mini_batch_tasks // world
@@ -247,7 +253,9 @@ class Trainer:
                     last = mi == len(micro) - 1
                     ctx = self.acc.no_sync(self.model) if not last else _null()
                     with ctx:
-                        new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                        new_lp, _ = sequence_logprobs(
+                            self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
+                        )
                         loss, m = self.algorithm.loss(part, new_lp)
                         self.acc.backward(loss / len(micro))
                     loss_metrics.append(m)
@@ -261,15 +269,22 @@ class Trainer:
                 self.opt.step()
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        t_update = t2 - t1 - t_old
         weights_ok = self._weights_finite()
         if weights_ok:
             self.push_weights()
+        t_push = time.perf_counter() - t2
         t_total = time.perf_counter() - t0
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
         metrics.update(
             {
+                # the step itemized; advantages, collation and metrics are the rest of step_s
                 "time/rollout_s": t_roll,
+                "time/old_logprobs_s": t_old,  # recompute under the sampling weights (and the reference's)
+                "time/update_s": t_update,  # forward, backward and optimizer steps
+                "time/push_s": t_push,  # the finiteness check and the weight push to the policy
                 "time/step_s": t_total,
                 "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
                 "train/lr": float(self.sched.get_last_lr()[0]),
@@ -432,10 +447,7 @@ class Trainer:
                     self.check_health(done, metrics)  # before a checkpoint could save what is broken
                     if done % tc.checkpoint_every == 0 or done == tc.steps:
                         self.save(done)
-                    progress.update(
-                        task_id, advance=1,
-                        description=f"train r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f}",
-                    )
+                    progress.update(task_id, advance=1, description=_describe(metrics))
             final = self.evaluate()
             if final and self.logger:
                 self.logger.log(tc.steps, final.as_metrics())
@@ -469,6 +481,15 @@ class _null:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def _describe(metrics: dict[str, float]) -> str:
+    """The progress bar's text: reward, accuracy and the last step's time itemized."""
+    return (
+        f"train r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f} | "
+        f"rollout {metrics['time/rollout_s']:.1f}s old-lp {metrics['time/old_logprobs_s']:.1f}s "
+        f"update {metrics['time/update_s']:.1f}s push {metrics['time/push_s']:.1f}s"
+    )
 
 
 def _progress(enabled: bool) -> Any:

@@ -51,6 +51,10 @@ def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
     for key in ("rollout/reward", "rollout/tool_calls_per_traj", "rollout/gen_tokens_per_group", "rollout/entropy",
                 "train/clip_frac", "train/logprob_gap_mean", "time/step_s"):
         assert key in records[0], key
+    parts = ("time/rollout_s", "time/old_logprobs_s", "time/update_s", "time/push_s")
+    for r in (r for r in records if "rollout/reward" in r):  # the step itemized; the parts fit in the step
+        assert all(r[k] > 0 for k in parts), r
+        assert sum(r[k] for k in parts) <= r["time/step_s"], r
     assert (out / "checkpoints" / "step_000002" / "trainer_state.json").exists()
     assert (out / "checkpoints" / "step_000002" / "model" / "config.json").exists()
     assert result.final_eval is not None and result.final_eval.n_tasks == 2
