@@ -29,6 +29,10 @@ import torch
 
 from agentenv.errors import ConfigError
 
+MAX_LEN_FACTOR = 2
+"""A pack holds at most this many times the longest row's tokens: attention over a pack costs its length
+squared (the 4D mask is dense), so one long pack of a whole tree can cost more than its rows unpacked."""
+
 PACKABLE_ATTENTION = ("eager", "sdpa")
 """Attention implementations that honour a custom 4D attention mask."""
 
@@ -80,7 +84,7 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len:
         input_ids: (B, L) token ids, left or right padded.
         attention_mask: (B, L) 1 on real tokens (contiguous in each row).
         max_len: Most positions of one packed sequence (bounds the (P, P) mask);
-            default: the longest row or 4 times it, whichever the rows need.
+            default: `MAX_LEN_FACTOR` times the longest row.
 
     Returns:
         The plan; `plan.saving` says how much it saves.
@@ -91,7 +95,7 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len:
     rows = [ids_np[b][real[b]] for b in range(B)]  # each (n_b,)
     cols = [np.flatnonzero(real[b]) for b in range(B)]  # column of each real token
     longest = max((len(r) for r in rows), default=0)
-    cap = max(longest, max_len if max_len is not None else 4 * longest)
+    cap = max(longest, max_len if max_len is not None else MAX_LEN_FACTOR * longest)
 
     pack_of: list[int] = []  # row -> pack
     loc: list[np.ndarray] = []  # row -> (n_b,) position in its pack of each of its tokens
