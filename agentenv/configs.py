@@ -99,9 +99,10 @@ class TrainerConfig:
         pack_prefixes: Compute the prefixes that a micro-batch's trajectories
             share (an ARPO tree's branches, a group's prompt) once in the
             old-logprob recompute and the update (`agentenv.training.packing`;
-            the same logprobs and gradients). `auto`: where the model's attention
-            takes a 4D mask (eager, sdpa; not FlashAttention); `on`: always (an
-            error where it cannot); `off`: never.
+            the same logprobs and gradients). `auto`: for algorithms that grow
+            trees (ARPO), where the model's attention takes a 4D mask (eager,
+            sdpa; not FlashAttention); `on`: always (an error where it cannot);
+            `off`: never.
     """
 
     steps: int = 20

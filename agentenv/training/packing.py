@@ -176,8 +176,12 @@ def attention_of(model: object) -> str | None:
     return getattr(config, "_attn_implementation", None)
 
 
-def packing_enabled(mode: str, model: object) -> bool:
+def packing_enabled(mode: str, model: object, trees: bool = True) -> bool:
     """Whether the trainer packs (`trainer.pack_prefixes`: auto, on, off) for this model.
+
+    `auto` packs the groups of an algorithm that grows trees (`trees`), where the
+    model's attention takes a 4D mask. (A GRPO group shares only its prompt:
+    packed, its update measured no faster; `bench/packing.py`.)
 
     Raises:
         ConfigError: `on` with an attention that ignores 4D masks.
@@ -189,7 +193,7 @@ def packing_enabled(mode: str, model: object) -> bool:
             f"'on' needs an attention that takes a 4D mask ({', '.join(PACKABLE_ATTENTION)}), "
             f"the model uses {attention_of(model)!r}; use auto or off",
         )
-    return mode == "on" or (mode == "auto" and packable)
+    return mode == "on" or (mode == "auto" and packable and trees)
 
 
 def check_packable(model: object) -> None:

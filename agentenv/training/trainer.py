@@ -118,7 +118,8 @@ class Trainer:
         warm = tc.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / warm) if warm > 0 else 1.0)
         self.total_updates = total
-        self.pack = packing_enabled(tc.pack_prefixes, model)  # shared prefixes once in recompute and update
+        # shared prefixes once in recompute and update (auto: for algorithms that grow trees)
+        self.pack = packing_enabled(tc.pack_prefixes, model, trees=getattr(self.algorithm, "grows_trees", False))
         self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
         self.pad_id = self._pad_id()
         self.start_step = 0

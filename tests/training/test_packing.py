@@ -170,7 +170,7 @@ def test_the_trainer_packs_by_default_and_recomputes_the_same_logprobs(fast_over
                                                  "algorithm.initial_rollouts=1", "algorithm.alpha=1.0"])  # fmt: skip
     trainer = Trainer(cfg)
     try:
-        assert trainer.pack
+        assert trainer.pack  # auto: ARPO grows trees
         groups = trainer.run(trainer.rollout(trainer.rt.tasks.train[:2], 0, [0, 1]))
         trajs = [t for g in groups for t in g]
         batch = collate(trajs, [torch.zeros(len(t)) for t in trajs], trainer.pad_id)
@@ -190,6 +190,7 @@ def test_pack_prefixes_on_refuses_flash_attention():
 
     model = small_model("sdpa")
     assert packing_enabled("auto", model) and packing_enabled("on", model) and not packing_enabled("off", model)
+    assert not packing_enabled("auto", model, trees=False) and packing_enabled("on", model, trees=False)
     model.config._attn_implementation = "flash_attention_2"
     assert not packing_enabled("auto", model)
     with pytest.raises(ConfigError, match="trainer.pack_prefixes"):
