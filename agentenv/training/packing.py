@@ -104,6 +104,11 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len:
     sizes: list[int] = []
     own_start: list[int] = []  # row -> first token it computes itself
     for b, ids in enumerate(rows):
+        if not len(ids):  # a failed trajectory without tokens: nothing to compute
+            pack_of.append(0)
+            loc.append(np.empty(0, dtype=np.int64))
+            own_start.append(0)
+            continue
         best, share = -1, 0
         for a in range(b):
             n = _lcp(rows[a], ids)
@@ -148,8 +153,7 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len:
             # own token j (s <= j < n) sees the row's tokens 0..j, wherever they live
             j = torch.arange(s, n)
             causal = torch.arange(n)[None, :] <= j[:, None]  # (n - s, n)
-            block = allowed[r][where[s:, None], where[None, :]]
-            allowed[r][where[s:, None], where[None, :]] = block | causal
+            allowed[r][where[s:, None], where[None, :]] = causal
         if n > 1:
             src[b, torch.from_numpy(cols[b][:-1])] = r * P + where[:-1]
     return PackPlan(

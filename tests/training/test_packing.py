@@ -34,7 +34,7 @@ def tree_rows(seed: int = 1) -> list[list[int]]:
     b3 = b1[:26] + rand(4)  # a sibling of b2 at the same node
     root2 = prompt + rand(14)
     stranger = rand(17)  # shares nothing: its own pack
-    return [root, b1, b2, b3, root2, stranger, root[:25]]
+    return [root, b1, b2, b3, root2, stranger, root[:25], [prompt[0]]]  # the last: a failed trajectory's stub
 
 
 def pad(rows: list[list[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,12 +63,16 @@ def test_the_plan_computes_each_shared_token_once():
     plan = plan_packing(ids, mask)
     # by hand: the root 39, b1 12 own, b2 9, b3 4, root2 14 after the prompt, the stranger 17, root[:25] none
     assert plan.tokens == sum(map(len, rows))
-    assert plan.packed_tokens == 39 + 12 + 9 + 4 + 14 + 17 + 0
+    assert plan.packed_tokens == 39 + 12 + 9 + 4 + 14 + 17 + 0 + 0
     assert plan.input_ids.shape[0] == 2  # one pack for the tree, one for the stranger
     # b2's last token sees exactly b2's 35 tokens (its ancestors and itself), wherever they live
     r, q = divmod(int(plan.src[2, len(rows[2]) - 2]), plan.input_ids.shape[1])
     assert int(plan.allowed[r, q].sum()) == len(rows[2]) - 1
     assert plan.position_ids[r, q] == len(rows[2]) - 2  # positions restart at the branch point
+    # a failed trajectory without tokens (an all-padding row) takes no position and no pack
+    ids0, mask0 = pad(rows + [[]])
+    empty = plan_packing(ids0, mask0)
+    assert empty.packed_tokens == plan.packed_tokens and empty.input_ids.shape == plan.input_ids.shape
     # a cap on the pack's length: rows that would overflow it start their own pack
     capped = plan_packing(ids, mask, max_len=45)
     assert capped.input_ids.shape[1] <= 45 and capped.packed_tokens > plan.packed_tokens
