@@ -381,6 +381,10 @@ async def part_scripted(args: Any, out: list[str], calls_list: list[int], median
                         real_tools: dict[str, Any] | None = None, tool: str = "search", label_tools: str = "echo") -> None:  # fmt: skip
     tok, tools, reward, config, tasks = scripted_world(tool, real_tools)
     params = SamplingParams(max_tokens=64, temperature=1.0)
+    if real_tools:  # warm-up, untimed: the sandbox pool starts its containers on first use
+        warm = Meter(SimServer(ScriptedPolicy(tok, scripted_turns(1, tool)), args.step_ms / 1000))
+        make_env = latent_factory(tools, tok, reward, config, Latency(0.0))
+        await measure("engine", "grpo", 8, warm, make_env, tasks[:tasks_n], params, args.seed + 1)
     for calls in calls_list:
         base = ScriptedPolicy(tok, scripted_turns(calls, tool))
         policy = Meter(SimServer(base, args.step_ms / 1000))
