@@ -18,7 +18,8 @@ search APIs and sandboxes show (most calls fast, a few slow). A call's latency
 is drawn from a generator seeded by (latency seed, episode seed, fork lineage,
 call index): the same call waits the same under both loops. (ARPO trees: the
 branch slots go to the first paths to reach a tool result, so the two loops
-may grow differently shaped trees; the table counts the tool calls each made.)
+may grow differently shaped trees; the table counts the tool calls each made,
+a branch's calls before its branch point once.)
 
 Policies:
 - scripted: turns written in advance (c tool calls, then an answer) served by a
@@ -86,6 +87,7 @@ class LatentEnv(AgentEnv):
     """
 
     latency: Latency = Latency(0.0)
+    made: list[int] = [0]  # tool calls actually made, over every env (a branch's inherited calls not again)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         out = super().reset(seed=seed, options=options)
@@ -103,6 +105,7 @@ class LatentEnv(AgentEnv):
 
     async def _answer_call(self, parsed: Any, info: dict[str, Any]) -> str | None:
         if parsed.kind == "call":
+            LatentEnv.made[0] += 1
             delay = self.latency.draw(self._lineage + (self._calls_made,))
             self._calls_made += 1
             if delay > 0:
@@ -319,6 +322,7 @@ async def measure(loop_name: str, algo: str, cfg: Any, policy: Meter, make_env: 
     rollout = RolloutConfig(episode_timeout_s=3600.0, generation_timeout_s=3600.0, max_concurrency=4096)
     seeds = [derive_seed(seed, j) for j in range(len(tasks))]
     policy.start()
+    made = LatentEnv.made[0]
     t0 = time.perf_counter()
     if loop_name == "engine":
         groups = await engine_groups(algo, cfg, policy, make_env, tasks, params, seeds, rollout)
@@ -328,8 +332,7 @@ async def measure(loop_name: str, algo: str, cfg: Any, policy: Meter, make_env: 
         groups = await rounds_arpo(cfg, policy, make_env, tasks, params, seeds, rollout)
     wall = time.perf_counter() - t0
     trajs: list[Trajectory] = [t for g in groups for t in g]
-    calls = sum(v for t in trajs for k, v in t.tool_calls.items() if k != "invalid")
-    return Result(wall, policy.stop(), len(trajs), calls, sum(t.failed for t in trajs))
+    return Result(wall, policy.stop(), len(trajs), LatentEnv.made[0] - made, sum(t.failed for t in trajs))
 
 
 HEAD = ("| policy | tools | algo | tasks × group | calls/ep | latency median | loop | wall s | traj/s | "
