@@ -140,6 +140,13 @@ class TrainerConfig:
         nonfinite_patience: Stop the run after this many consecutive steps
             whose loss or gradient norm was not finite (their updates are
             skipped); weights that stop being finite stop it at once.
+        pack_prefixes: Compute the prefixes that a micro-batch's trajectories
+            share (an ARPO tree's branches, a group's prompt) once in the
+            old-logprob recompute and the update (`agentenv.training.packing`;
+            the same logprobs and gradients). `auto`: for algorithms that grow
+            trees (ARPO), where the model's attention takes a 4D mask (eager,
+            sdpa; not FlashAttention); `on`: always (an error where it cannot);
+            `off`: never.
     """
 
     steps: int = 20
@@ -165,6 +172,7 @@ class TrainerConfig:
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     max_failed_steps: int = 3
     nonfinite_patience: int = 3
+    pack_prefixes: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",

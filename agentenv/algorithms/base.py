@@ -122,7 +122,9 @@ class Algorithm(Protocol):
     `algorithm` section of the run config (minus `name`) and passes it to the
     constructor. The trainer uses nothing else of a plugin: register one by
     name (`agentenv.algorithms.register`), name it as `module:attr`, or ship it
-    in the `agentenv.algorithms` entry-point group.
+    in the `agentenv.algorithms` entry-point group. Optional: a class attribute
+    `grows_trees = True` says that a group's trajectories share long prefixes
+    (a tree's branches), which `trainer.pack_prefixes=auto` then computes once.
     """
 
     config_cls: ClassVar[type]

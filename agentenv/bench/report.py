@@ -23,6 +23,10 @@ ROLLOUT_METRICS = (
     ("gen_tokens_per_group", "rollout/gen_tokens_per_group"),
     ("entropy", "rollout/entropy"),
     ("step_s", "time/step_s"),
+    ("rollout_s", "time/rollout_s"),
+    ("old_logprobs_s", "time/old_logprobs_s"),
+    ("update_s", "time/update_s"),
+    ("push_s", "time/push_s"),
 )
 
 # positions after a tool result that the table's entropy column averages
@@ -160,6 +164,10 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
         "gen tokens/group",
         "H after tool (0-9)",
         "train s/run",
+        "rollout s/step",
+        "old-lp s/step",
+        "update s/step",
+        "push s/step",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
     for r in rows:
@@ -176,6 +184,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
             _pm(r.train_s, "{:.0f}"),
+            *(_pm(r.rollout[k], "{:.2f}") for k in ("rollout_s", "old_logprobs_s", "update_s", "push_s")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -194,7 +203,9 @@ def markdown_report(
         f"Rollout columns: mean over the last {last} training steps. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
         f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy. "
-        "train s: summed step times (rollout + update) per run.",
+        "train s: summed step times (rollout + update) per run; the s/step columns itemize a step "
+        f"(mean over the last {last} steps): rollout, old-logprob recompute, update (forward, backward, "
+        "optimizer), weight push.",
         "",
         markdown_table(rows, last),
         "",

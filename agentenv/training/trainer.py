@@ -42,6 +42,7 @@ from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.schedule import lr_factor
+from agentenv.training.packing import packing_enabled
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
 
@@ -124,6 +125,8 @@ class Trainer:
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
         self.total_updates = total
+        # shared prefixes once in recompute and update (auto: for algorithms that grow trees)
+        self.pack = packing_enabled(tc.pack_prefixes, model, trees=getattr(self.algorithm, "grows_trees", False))
         self.strategy = sharding.Strategy(self.acc, tc.strategy, cfg.model.lora)
         self.model, self.opt, self.sched = self.strategy.prepare(
             model,
@@ -222,7 +225,9 @@ class Trainer:
         parts = chunks(len(batch), mb)
         for s in parts:
             part = batch.select(s).trimmed().to(self.acc.device)
-            lp, _ = sequence_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+            lp, _ = sequence_logprobs(
+                model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
+            )
             out[s, : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
         if model is not self.ref_model:
             self._idle_passes(batch, len(parts), backward=False)
@@ -255,11 +260,13 @@ class Trainer:
                 advs.append(a)
                 group_of.append(gi)
         batch = collate(trajs, advs, self.pad_id)
+        t1 = time.perf_counter()
         self.model.eval()
         batch.old_logprobs = self.recompute(batch, self.unwrapped())
         if self.ref_model is not None:
             batch.ref_logprobs = self.recompute(batch, self.ref_model)
         self.model.train()
+        t_old = time.perf_counter() - t1
 
         # updates: this rank's tasks split into mini-batches of whole groups
         tasks_per_mb = tc.mini_batch_tasks // world
@@ -281,15 +288,22 @@ class Trainer:
                 self.opt.step()
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        t_update = t2 - t1 - t_old
         weights_ok = self._weights_finite()
         if weights_ok:
             self.push_weights()
+        t_push = time.perf_counter() - t2
         t_total = time.perf_counter() - t0
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
         metrics.update(
             {
+                # the step itemized; advantages, collation and metrics are the rest of step_s
                 "time/rollout_s": t_roll,
+                "time/old_logprobs_s": t_old,  # recompute under the sampling weights (and the reference's)
+                "time/update_s": t_update,  # forward, backward and optimizer steps
+                "time/push_s": t_push,  # the finiteness check and the weight push to the policy
                 "time/step_s": t_total,
                 "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
                 "train/lr": float(self.sched.get_last_lr()[0]),
@@ -313,7 +327,9 @@ class Trainer:
         for mi, s in enumerate(micro):
             part = mb.select(s).trimmed().to(self.acc.device)
             with self.strategy.no_sync(self.model, last=mi == len(micro) - 1):
-                new_lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                new_lp, _ = sequence_logprobs(
+                    self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
+                )
                 loss, m = self.algorithm.loss(part, new_lp, norm=norm)
                 self.acc.backward(loss)  # summed over micro-batches, not averaged
             metrics.append(m)
@@ -488,10 +504,7 @@ class Trainer:
                     self.check_health(done, metrics)  # before a checkpoint could save what is broken
                     if done % tc.checkpoint_every == 0 or done == tc.steps:
                         self.save(done)
-                    progress.update(
-                        task_id, advance=1,
-                        description=f"train r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f}",
-                    )
+                    progress.update(task_id, advance=1, description=_describe(metrics))
             final = self.evaluate()
             if final and self.logger:
                 self.logger.log(tc.steps, final.as_metrics())
@@ -517,6 +530,15 @@ def _broadcast_path(path: Path | None) -> Path | None:
     box = [str(path) if path is not None else None]
     broadcast_object_list(box)
     return Path(box[0]) if box[0] is not None else None
+
+
+def _describe(metrics: dict[str, float]) -> str:
+    """The progress bar's text: reward, accuracy and the last step's time itemized."""
+    return (
+        f"train r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f} | "
+        f"rollout {metrics['time/rollout_s']:.1f}s old-lp {metrics['time/old_logprobs_s']:.1f}s "
+        f"update {metrics['time/update_s']:.1f}s push {metrics['time/push_s']:.1f}s"
+    )
 
 
 def _progress(enabled: bool) -> Any:

@@ -53,6 +53,7 @@ def test_tiny_benchmark_writes_consistent_tables_and_plots(tmp_path, tiny_model_
 
     printed = capsys.readouterr().out
     assert "| grpo | grpo |" in printed and "| arpo_hard | arpo |" in printed
+    assert "| rollout s/step | old-lp s/step | update s/step | push s/step |" in printed
     assert (out / "results.md").read_text() == result.markdown
 
     rows = list(csv.DictReader((out / "results.csv").open()))
@@ -70,6 +71,8 @@ def test_tiny_benchmark_writes_consistent_tables_and_plots(tmp_path, tiny_model_
         gen = steps[0]["rollout/gen_tokens_per_group"]
         assert float(row["gen_tokens_per_group_mean"]) == pytest.approx(gen, rel=1e-5)
         assert float(row["train_s_mean"]) == pytest.approx(steps[0]["time/step_s"], rel=1e-4)
+        for part in ("rollout", "old_logprobs", "update", "push"):  # the step itemized, as the trainer logs it
+            assert float(row[f"{part}_s_mean"]) == pytest.approx(steps[0][f"time/{part}_s"], rel=1e-4)
         assert float(row["wall_s_mean"]) > 0
         probe = json.loads((run_dir / "probe.json").read_text())
         assert probe["episodes"] == 2 and len(probe["after_tool"]["sums"]) == 50

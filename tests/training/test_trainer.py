@@ -11,6 +11,7 @@ from agentenv.training.trainer import Trainer
 
 def test_few_steps_change_weights_and_policy_serves_them(fast_config):
     trainer = Trainer(fast_config)
+    assert not trainer.pack  # trainer.pack_prefixes=auto packs trees only; a GRPO group shares only its prompt
     before = {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
     sample_ids = None
     try:
@@ -51,6 +52,18 @@ def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
     for key in ("rollout/reward", "rollout/tool_calls_per_traj", "rollout/gen_tokens_per_group", "rollout/entropy",
                 "train/clip_frac", "train/logprob_gap_mean", "time/step_s"):
         assert key in records[0], key
+    parts = ("time/rollout_s", "time/old_logprobs_s", "time/update_s", "time/push_s")
+    for r in (r for r in records if "rollout/reward" in r):  # the step itemized; the parts fit in the step
+        assert all(r[k] > 0 for k in parts), r
+        assert sum(r[k] for k in parts) <= r["time/step_s"], r
     assert (out / "checkpoints" / "step_000002" / "trainer_state.json").exists()
     assert (out / "checkpoints" / "step_000002" / "model" / "config.json").exists()
     assert result.final_eval is not None and result.final_eval.n_tasks == 2
+
+
+def test_the_progress_bar_itemizes_the_step():
+    from agentenv.training.trainer import _describe
+
+    text = _describe({"rollout/reward": 0.25, "rollout/accuracy": 0.5, "time/rollout_s": 4.04,
+                      "time/old_logprobs_s": 1.2, "time/update_s": 8.0, "time/push_s": 0.31})  # fmt: skip
+    assert text == "train r=0.25 acc=0.50 | rollout 4.0s old-lp 1.2s update 8.0s push 0.3s"

@@ -29,6 +29,7 @@ class ARPO:
     """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849)."""
 
     config_cls: ClassVar[type] = ARPOConfig
+    grows_trees: ClassVar[bool] = True  # branches share their parent's prefix: the update packs them
 
     def __init__(self, cfg: ARPOConfig | None = None):
         self.cfg = cfg or ARPOConfig()
