@@ -12,7 +12,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "agentenv"
 
-BASE = {"errors", "types", "registry", "loader"}
+BASE = {"errors", "types", "registry", "loader", "cache"}
 # layer -> the layers its modules may import (besides their own and BASE)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),

@@ -29,36 +29,46 @@ def _fallback_render(messages: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(lines) + "\nassistant:"
 
 
-def render_prompt_text(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
-    """The prompt as text: the tokenizer's chat template, or a plain fallback.
+def render_prompt_text(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+) -> str:
+    """The prompt as text: the chat template, or a plain fallback.
 
     Args:
         tokenizer: A transformers tokenizer (or anything with `encode`). May be None
             for the plain rendering.
         messages: Chat messages, `{"role": ..., "content": ...}`.
+        chat_template: Jinja text used instead of the tokenizer's own.
+        **template_kwargs: Further template variables (e.g. `enable_thinking`).
 
     Returns:
         The rendered prompt, ending where the assistant's reply begins.
     """
     msgs = [dict(m) for m in messages]
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    if tokenizer is not None and (chat_template or getattr(tokenizer, "chat_template", None)):
+        if chat_template is not None:
+            template_kwargs["chat_template"] = chat_template
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **template_kwargs)
     return _fallback_render(msgs)
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def render_prompt(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+) -> list[int]:
     """Render chat messages to prompt token ids, ready for generation.
 
-    Uses the tokenizer's chat template (with the generation prompt) where it has
-    one, else `system: ...\\nuser: ...\\nassistant:`. The text is encoded without
+    Uses the chat template (with the generation prompt) where there is one,
+    else `system: ...\nuser: ...\nassistant:`. The text is encoded without
     extra special tokens: the template already holds the ones it wants.
 
     Args:
         tokenizer: A transformers tokenizer.
         messages: Chat messages, `{"role": ..., "content": ...}`.
+        chat_template: Jinja text used instead of the tokenizer's own.
+        **template_kwargs: Further template variables.
 
     Returns:
         The prompt token ids.
     """
-    text = render_prompt_text(tokenizer, messages)
+    text = render_prompt_text(tokenizer, messages, chat_template, **template_kwargs)
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentenv.errors import ToolError
-from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, Passage, format_pages, no_results_text
+from agentenv.tools.search.format import (
+    DEFAULT_K,
+    DEFAULT_MAX_CHARS,
+    SEARCH_DESCRIPTION,
+    SEARCH_SCHEMA,
+    Passage,
+    format_pages,
+    no_results_text,
+)
 from agentenv.tools.search.local import MAX_QUERY_CHARS
 from agentenv.tools.search.ratelimit import TokenBucket
 from agentenv.types import ToolResult
@@ -90,6 +98,8 @@ class HTTPSearchTool(abc.ABC):
     """
 
     name = "search"
+    description = SEARCH_DESCRIPTION
+    schema = SEARCH_SCHEMA
     provider = "http"
 
     def __init__(
