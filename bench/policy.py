@@ -10,9 +10,11 @@ Two workloads on the same model and dtype, both backends in this one process:
   continuations of it (the prompt plus a short distinct suffix, as ARPO's
   branches), sent at once; reported as vLLM's prefix-cache hit rate.
 
-    python bench/policy.py [--model PATH] [--dtype float32] [--repeats 3] [--block-size 32] [--no-stops]
+    python bench/policy.py [--model NAME_OR_PATH] [--dtype float32] [--repeats 3] [--block-size 32] [--no-stops]
 
-`--model` defaults to the embedded tiny model (built on first use).
+`--model` is what `model.path` takes: a registered name (`tiny`, the default,
+built on first use; `smollm2-135m`, converted from its GGUF file on first use),
+a `.gguf` file, or a model folder. The table also gives each backend's load time.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def prefix_reuse(policy: Any, tokenizer: Any, prefix_len: int, branches: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="model folder (default: the tiny model)")
+    ap.add_argument("--model", default="tiny", help="model name, .gguf file or folder (default: tiny)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -120,13 +122,13 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+    from agentenv.policies.models import resolve_model_path
     from agentenv.policies.vllm import VLLMPolicy, VLLMPolicyConfig
 
-    if args.model is None:
-        from agentenv.toy.tiny import ensure_tiny_model
-
-        args.model = str(ensure_tiny_model())
-
+    t0 = time.perf_counter()
+    name, args.model = args.model, resolve_model_path(args.model)
+    resolve_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     vllm_policy = VLLMPolicy(
         VLLMPolicyConfig(
             model=args.model,
@@ -138,7 +140,10 @@ def main() -> None:
             cpu_kvcache_space_gib=1,
         )
     )
+    vllm_load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     hf_policy = HFPolicy(HFPolicyConfig(model=args.model, dtype=args.dtype))
+    hf_load_s = time.perf_counter() - t0
     tok = hf_policy.tokenizer
     prompts = make_prompts(tok, args.requests)
 
@@ -152,8 +157,9 @@ def main() -> None:
     reuse = prefix_reuse(vllm_policy, tok, args.prefix, args.branches)
     vllm_policy.close()
 
-    print(f"\nmodel: {args.model}  dtype: {args.dtype}  vocab: {vllm_policy.vocab_size}  "
-          f"cpus: {os.cpu_count()}  load avg (1 min): {os.getloadavg()[0]:.1f}\n")
+    print(f"\nmodel: {name} ({args.model})  dtype: {args.dtype}  vocab: {vllm_policy.vocab_size}  "
+          f"cpus: {os.cpu_count()}  load avg (1 min): {os.getloadavg()[0]:.1f}")
+    print(f"resolve/convert {resolve_s:.1f} s, vllm engine start {vllm_load_s:.1f} s, hf load {hf_load_s:.1f} s\n")
     print(f"### Throughput: {args.requests} concurrent requests, up to {args.max_tokens} tokens, T=1, with logprobs, "
           f"stop strings: {', '.join(stops) or 'none'}\n")
     print("| backend | entropy | generated tokens | wall s | tokens/s |")

@@ -35,6 +35,7 @@ from agentenv.envs.spaces import TokenSequence, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
+from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, Segment, Trajectory
@@ -125,6 +126,7 @@ class AgentEnv(gymnasium.Env):
         self._context: list[int] = []
         self._segments: list[Segment] = []
         self._messages: list[dict[str, Any]] = []  # the episode as chat messages (how the format renders it)
+        self._response_prefix = ""  # a prefill the task's messages end with: the start of the first turn
         self._tools: dict[str, Tool] = {}
         self._tool_calls: dict[str, int] = {}
         self._tool_time_s = 0.0
@@ -217,6 +219,7 @@ class AgentEnv(gymnasium.Env):
         self._started = True
         self._task = task
         self._messages = messages
+        self._response_prefix = messages[-1]["content"] if is_prefilled(messages) else ""
         self._tools = {name: proto.fork() for name, proto in self._prototypes.items()}
         self._append(Segment("prompt", prompt))
         return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
@@ -248,6 +251,8 @@ class AgentEnv(gymnasium.Env):
         self._append(Segment("policy", ids, logprobs, entropies))
         self._turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if self._turns == 1:  # the first turn continues the task's prefill, if any
+            text = self._response_prefix + text
         parsed = self._format.parse(text)
         eos = finish == "eos" or (bool(ids) and self._eos_id is not None and ids[-1] == self._eos_id)
 
@@ -333,7 +338,7 @@ class AgentEnv(gymnasium.Env):
             from agentenv.tasks.rewards import arpo_reward
 
             reward_fn = arpo_reward
-        response = self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
+        response = self._response_prefix + self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
         # In a worker thread: a symbolic math check may take seconds and must not stall other episodes.
         r = await asyncio.to_thread(reward_fn, response, self._task, dict(self._tool_calls))
         self._reward = float(r.score)

@@ -87,8 +87,15 @@ class ChatTemplate:
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool, tools: bool = True
     ) -> str:
-        """The template's text of `messages` (with the env's tools and kwargs)."""
+        """The template's text of `messages` (with the env's tools and kwargs).
+
+        With `add_generation_prompt`, it ends where the assistant writes next:
+        after the generation prompt, or after the text of a final assistant
+        message (a prefill the policy continues).
+        """
         extra: dict[str, Any] = dict(self.kwargs)
+        if add_generation_prompt and messages and messages[-1].get("role") == "assistant":
+            add_generation_prompt, extra["continue_final_message"] = False, True
         if tools and self.tools is not None:
             extra["tools"] = self.tools
         if self.template is not None:

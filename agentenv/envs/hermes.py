@@ -12,7 +12,7 @@ renders each result as a `{"role": "tool", ...}` message. The final answer is
 the paper's: `<answer>...</answer>` (with `\\boxed{}` for ARPO's reward) in a
 plain assistant turn; the episode also ends when a turn without a call ends
 with EOS. So every built-in reward works in both formats, and it reads only
-what the policy wrote.
+what the policy wrote (never a tool turn).
 
 Turns are rendered incrementally: the policy's tokens stay as sampled, and the
 env appends the template's text from the end of the policy's turn (after the
@@ -39,6 +39,7 @@ from agentenv.envs.formats import Messages, RenderedResult
 from agentenv.envs.parsing import ParsedTurn
 from agentenv.envs.results import ResultFormatter
 from agentenv.errors import ConfigError
+from agentenv.tasks.prompts import is_prefilled
 from agentenv.tools.base import query_from_arguments, tool_schema
 from agentenv.types import Segment
 
@@ -153,9 +154,11 @@ class HermesTurns:
         """(head, tail, messages with the turn and a tool placeholder): the template's text around a result.
 
         `turn_text` is the policy's turn with an EOS it emitted; the assistant
-        message holds it without that EOS, which the template writes itself.
+        message holds it without that EOS, which the template writes itself
+        (after the prefill the turn continued, if the conversation ends with one).
         """
         prefix = self.chat.render(messages, add_generation_prompt=True)
+        base, prefill = (messages[:-1], messages[-1]["content"]) if is_prefilled(messages) else (messages, "")
         content = turn_text
         eos_text = self.chat.decode([self.eos_id]) if self.eos_id is not None else None
         if eos_text and content.endswith(eos_text):
@@ -163,7 +166,7 @@ class HermesTurns:
         tool_msg: dict[str, Any] = {"role": "tool", "content": _SENTINEL}
         if tool is not None:
             tool_msg["name"] = tool
-        convo = [*messages, {"role": "assistant", "content": content}, tool_msg]
+        convo = [*base, {"role": "assistant", "content": prefill + content}, tool_msg]
         rendered = self.chat.render(convo, add_generation_prompt=True)
         start = prefix + turn_text
         if not rendered.startswith(start):

@@ -13,6 +13,7 @@ under a file lock, so concurrent processes never see half a folder.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -91,10 +92,8 @@ def convert_gguf(path: str | Path, key: str = "model.path", log: Any = _log) -> 
 
 def _dequantize(gguf: Path, out: Path) -> None:
     """Load the GGUF with transformers and save it as a float32 safetensors folder with its tokenizer."""
-    try:
-        import gguf as _  # noqa: F401 - transformers' GGUF reader needs it
-    except ImportError as e:
-        raise InfraError(f"reading {gguf.name} needs the gguf package: pip install gguf") from e
+    if importlib.util.find_spec("gguf") is None:  # transformers' GGUF reader needs it
+        raise InfraError(f"reading {gguf.name} needs the gguf package: pip install gguf")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

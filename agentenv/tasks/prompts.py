@@ -24,9 +24,15 @@ ARPO_SYSTEM_PROMPT = (
 )
 
 def _fallback_render(messages: Sequence[Mapping[str, str]]) -> str:
-    """`role: content` lines, then the open assistant turn."""
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
-    return "\n".join(lines) + "\nassistant:"
+    """`role: content` lines, then the open assistant turn (holding a prefill, if the last message is one)."""
+    prefill = messages[-1]["content"] if is_prefilled(messages) else ""
+    lines = [f"{m['role']}: {m['content']}" for m in messages[: len(messages) - bool(prefill)]]
+    return "\n".join(lines) + "\nassistant:" + prefill
+
+
+def is_prefilled(messages: Sequence[Mapping[str, str]]) -> bool:
+    """Whether the messages end with an assistant message: the start of the response, which the policy continues."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 def render_prompt_text(
@@ -42,13 +48,17 @@ def render_prompt_text(
         **template_kwargs: Further template variables (e.g. `enable_thinking`).
 
     Returns:
-        The rendered prompt, ending where the assistant's reply begins.
+        The rendered prompt, ending where the assistant's reply begins; when the
+        last message is the assistant's (a prefill), ending after its text.
     """
     msgs = [dict(m) for m in messages]
     if tokenizer is not None and (chat_template or getattr(tokenizer, "chat_template", None)):
         if chat_template is not None:
             template_kwargs["chat_template"] = chat_template
-        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        cont = is_prefilled(msgs)
+        return tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False, **template_kwargs
+        )
     return _fallback_render(msgs)
 
 

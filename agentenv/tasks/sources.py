@@ -19,6 +19,7 @@ the search tool its corpus). Built in: `jsonl`, `parquet` (verl/ARPO schema),
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,7 +119,10 @@ class FileTasksConfig:
     Attributes:
         path: Training file.
         eval_path: Held-out file (none: no held-out tasks).
-        system_prompt: Put before the question of records that give only a question (JSONL).
+        system_prompt: JSONL: put before the question of records that give only a
+            question. Parquet: replaces each row's own system message (verl rows
+            carry ARPO's, which describes the `tags` tool-call format; give one
+            that fits another format, e.g. `hermes`).
     """
 
     path: str
@@ -138,9 +142,17 @@ def parquet_tasks(cfg: FileTasksConfig) -> TaskSet:
     """`parquet`: verl/ARPO parquet files (see `agentenv.tasks.loaders.load_verl_parquet`)."""
     from agentenv.tasks.loaders import load_verl_parquet
 
-    if cfg.system_prompt is not None:
-        raise ConfigError("env.tasks.system_prompt", "verl parquet rows carry their own prompt; remove system_prompt")
-    return TaskSet(load_verl_parquet(cfg.path), load_verl_parquet(cfg.eval_path) if cfg.eval_path else [])
+    def load(path: str) -> list[Task]:
+        tasks = load_verl_parquet(path)
+        if cfg.system_prompt is None:
+            return tasks
+        system = {"role": "system", "content": cfg.system_prompt}
+        return [
+            dataclasses.replace(t, messages=(system, *(m for m in t.messages if m.get("role") != "system")))
+            for t in tasks
+        ]
+
+    return TaskSet(load(cfg.path), load(cfg.eval_path) if cfg.eval_path else [])
 
 
 # --------------------------------------------------------------------------- any dataset through `datasets`
