@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from agentenv.errors import ConfigError, InfraError
+from agentenv.errors import AgentEnvError, ConfigError, InfraError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train tool-using LLM agents with RL.")
 tiny_app = typer.Typer(no_args_is_help=True, help="The embedded tiny model.")
@@ -18,9 +18,10 @@ app.add_typer(tiny_app, name="tiny")
 app.add_typer(sandbox_app, name="sandbox")
 
 
-def _fail(e: Exception, code: int = 2) -> None:
+def _fail(e: Exception, code: int | None = None) -> None:
+    """One line on stderr and an exit code: 2 for a bad config, 1 for anything else we raised on purpose."""
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(code if code is not None else 2 if isinstance(e, ConfigError) else 1)
 
 
 def _load(config: Path, overrides: list[str]):
@@ -44,7 +45,7 @@ def train(
 
     try:
         result = Trainer(cfg, resume=resume).train()
-    except (ConfigError, InfraError) as e:
+    except AgentEnvError as e:  # a bad config (exit 2), an infrastructure fault or a stopped run (exit 1)
         _fail(e)
     rep = result.final_eval
     if rep is not None:
@@ -81,7 +82,10 @@ def eval_(
         if not Path(model_path, "config.json").exists():
             _fail(ConfigError("--checkpoint", f"{checkpoint} holds no model (no config.json in it or in its model/)"))
     else:
-        model_path = resolve_model_path(cfg.model.path)
+        try:
+            model_path = resolve_model_path(cfg.model.path)
+        except ConfigError as e:
+            _fail(e)
     if out is not None:  # checked before minutes of evaluation, not after
         if out.is_dir():
             _fail(ConfigError("--out", f"{out} is a directory; give a file path such as {out / 'eval.json'}"))
@@ -109,7 +113,7 @@ def eval_(
 
     try:
         report = asyncio.run(go())
-    except (ConfigError, InfraError) as e:
+    except AgentEnvError as e:
         _fail(e)
     text = json.dumps(report.__dict__, indent=1, default=str)
     typer.echo(text)  # printed first: a failed write below loses nothing
@@ -130,7 +134,7 @@ def bench(
 
     try:
         run_benchmark(config, overrides or [])
-    except (ConfigError, InfraError) as e:
+    except AgentEnvError as e:
         _fail(e)
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.errors import ConfigError
-from agentenv.loader import apply_overrides, build_dataclass, dump_dataclass, rest_field
+from agentenv.loader import apply_overrides, build_dataclass, check_number, dump_dataclass, rest_field
 from agentenv.policies.config import PolicyConfig
 from agentenv.rollout.engine import RolloutConfig
 
@@ -42,6 +42,10 @@ class ModelConfig:
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.path.strip():
+            raise ConfigError("model.path", "must name a model: `tiny`, a local model folder or a hub id, got ''")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,11 @@ class TrainerConfig:
             of different seeds score with the same per-request sampling seeds, so
             their evaluations differ by what training did (and, on vLLM, by
             batch-dependent numerics).
+        max_failed_steps: Stop the run (with an error saying why) after this
+            many consecutive steps in which every trajectory failed.
+        nonfinite_patience: Stop the run after this many consecutive steps
+            whose loss or gradient norm was not finite (their updates are
+            skipped); weights that stop being finite stop it at once.
     """
 
     steps: int = 20
@@ -107,20 +116,27 @@ class TrainerConfig:
     eval_samples: int = 1
     eval_temperature: float = 0.0
     eval_seed: int | None = None
+    max_failed_steps: int = 3
+    nonfinite_patience: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"trainer.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",
+                    "checkpoint_every", "keep_checkpoints", "max_failed_steps", "nonfinite_patience"):
+            check_number(f"trainer.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
+        for key in ("warmup_steps", "eval_every", "eval_tasks"):
+            check_number(f"trainer.{key}", getattr(self, key), low_ok=True, integer=True)
         if self.tasks_per_step % self.mini_batch_tasks:
             raise ConfigError(
                 "trainer.mini_batch_tasks",
                 f"{self.mini_batch_tasks} must divide trainer.tasks_per_step {self.tasks_per_step}",
             )
-        if self.lr <= 0:
-            raise ConfigError("trainer.lr", f"must be > 0, got {self.lr}")
-        if self.checkpoint_every < 1:
-            raise ConfigError("trainer.checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
+        check_number("trainer.lr", self.lr)
+        # <= 0 would flip the clipped gradient's sign (gradient ascent) or zero it
+        check_number("trainer.max_grad_norm", self.max_grad_norm)
+        check_number("trainer.weight_decay", self.weight_decay, low_ok=True)
+        check_number("trainer.eval_temperature", self.eval_temperature, low_ok=True)
+        if not self.output_dir.strip():
+            raise ConfigError("trainer.output_dir", "must name a folder, got ''")
 
     @property
     def evaluation_seed(self) -> int:
@@ -138,6 +154,10 @@ class LoggingConfig:
         wandb: Log to Weights & Biases (needs `pip install agentenv[wandb]`).
         wandb_project: W&B project name.
         progress: Show a progress bar.
+        verbose: Show the inference engine's own output (vLLM's logs, its
+            processes' stdout and stderr, library warnings while it and the
+            models load) on the terminal; by default it goes to
+            `<trainer.output_dir>/engine.log`.
     """
 
     jsonl: bool = True
@@ -145,6 +165,7 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str = "agentenv"
     progress: bool = True
+    verbose: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
 - Infrastructure faults raise `InfraError` (tools: `ToolError`) with a message
   that says how to fix them. They are retried where that is safe and never
   swallowed.
+- A run that can no longer learn stops with `TrainingStopped` instead of
+  finishing as if nothing were wrong.
 """
 
 from __future__ import annotations
@@ -30,3 +32,8 @@ class InfraError(AgentEnvError, RuntimeError):
 
 class ToolError(InfraError):
     """A tool's infrastructure failed (not the agent's mistake). Says how to fix it."""
+
+
+class TrainingStopped(AgentEnvError, RuntimeError):
+    """The run stopped because it could no longer learn: every trajectory of several steps
+    failed, or the loss, gradients or weights stopped being finite. Says why and what to change."""

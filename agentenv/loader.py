@@ -17,6 +17,7 @@ import collections.abc
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -33,6 +34,19 @@ _FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 def rest_field() -> Any:
     """A `Mapping` field that receives every key the dataclass does not declare."""
     return dataclasses.field(default_factory=dict, metadata={_REST: True})
+
+
+def check_number(key: str, value: Any, *, low: float = 0.0, low_ok: bool = False, integer: bool = False) -> None:
+    """Raise a ConfigError naming `key` unless `value` is a finite number above `low` (or at it, with `low_ok`).
+
+    For a config class's `__post_init__`: NaN and infinity pass every comparison
+    they should fail (`nan < 0` is False), so a bare `v <= 0` check lets them in.
+    """
+    kind = "an int" if integer else "a finite number"
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    bound = f">= {low:g}" if low_ok else f"> {low:g}"
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or not (value >= low if low_ok else value > low):
+        raise ConfigError(key, f"must be {kind} {bound}, got {value!r}")
 
 
 def _rest_name(cls: type) -> str | None:

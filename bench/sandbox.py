@@ -1,6 +1,6 @@
 """Python sandbox latency and throughput: the warm pool against one `docker exec` per call.
 
-Usage: python bench/sandbox.py [--n 200] [--n-heavy 40] [--concurrency 8] [--pool-size 8]
+Usage: python bench/sandbox.py [--n 200] [--n-heavy 60] [--concurrency 8] [--pool-size 8] [--n-container 5]
 
 Side by side in one process, on the same image and the same container limits:
 - warm pool, stateless: the runner (PID 1 of each container) forks a fresh
@@ -9,7 +9,10 @@ Side by side in one process, on the same image and the same container limits:
 - warm pool, session: the same, each call a cell of a live session (forked
   from the session's head);
 - `docker exec` per call: `python3 -c CODE` started by the Docker API inside a
-  warm container for every call (what a pool without a runner would do).
+  warm container for every call (what a pool without a runner would do);
+- one container per episode: what isolating sessions by container would cost,
+  a container started (runner warm-up included) for each episode, up to its
+  first answer.
 
 Prints a markdown table: p50/p95 latency of `print(1)` and of a small
 numpy/sympy snippet, and calls per second with `--concurrency` calls in flight.
@@ -81,7 +84,7 @@ class ExecBaseline:
 
     def __init__(self, cfg: PythonSandboxConfig, threads: int):
         self.client = docker_client(cfg.docker_timeout_s)
-        uid, gid = cfg.user.split(":")
+        uid, gid = "65534", "65534"  # one unprivileged user, as a plain `docker exec` setup would run
         self.container = self.client.containers.run(
             cfg.image,
             ["sleep", "infinity"],
@@ -95,7 +98,7 @@ class ExecBaseline:
             tmpfs={"/work": f"rw,size={cfg.workdir_size_mb}m,uid={uid},gid={gid}"},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            user=cfg.user,
+            user=f"{uid}:{gid}",
             working_dir="/work",
             environment={"OPENBLAS_NUM_THREADS": "1", "HOME": "/work"},
             labels={cfg.label: "1", f"{cfg.label}.owner": _owner_id()},
@@ -119,6 +122,7 @@ async def main() -> None:
     ap.add_argument("--n-exec", type=int, default=40, help="sequential calls per docker-exec latency row")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--pool-size", type=int, default=8)
+    ap.add_argument("--n-container", type=int, default=5, help="episodes timed with a container of their own")
     args = ap.parse_args()
 
     base = PythonSandboxConfig(pool_size=args.pool_size, timeout_s=30)
@@ -159,6 +163,19 @@ async def main() -> None:
             fork_times.append(time.perf_counter() - t0)
             assert r.stdout == "99999\n", r
             await branch.aclose()
+
+        # One container per episode: start, open a session, first answer.
+        own_container = []
+        for _ in range(args.n_container):
+            t0 = time.perf_counter()
+            own = SandboxPool(PythonSandboxConfig(pool_size=1, mode="session", timeout_s=30))
+            try:
+                await own.start()
+                first = await (await own.open_session()).run(PRINT1)
+                own_container.append(time.perf_counter() - t0)
+                assert first.stdout == "1\n", first
+            finally:
+                await own.aclose()
     finally:
         await stateless.aclose()
         await session_pool.aclose()
@@ -176,6 +193,9 @@ async def main() -> None:
               f"{ms(statistics.median(heavy))} | {ms(pct(heavy, 0.95))} | {tput:.0f} |")  # fmt: skip
     print(f"\nsession fork + first call in the branch: p50 {ms(statistics.median(fork_times))} ms, "
           f"p95 {ms(pct(fork_times, 0.95))} ms")  # fmt: skip
+    if own_container:
+        print(f"one container per episode (start + session + first print(1)): p50 "
+              f"{ms(statistics.median(own_container))} ms over {len(own_container)} episodes")  # fmt: skip
     speedup = statistics.median(rows[2][1]) / statistics.median(rows[0][1])
     load = os.getloadavg()[0]
     print(f"print(1) p50: the warm pool is {speedup:.0f}x faster than one docker exec per call "

@@ -167,5 +167,5 @@ def test_one_set_of_defaults_and_a_rollout_section():
 
     cfg = config_from_dict({"rollout": {"episode_timeout_s": 45, "max_concurrency": 8}})
     assert cfg.env == AgentEnvConfig() and cfg.rollout == RolloutConfig(episode_timeout_s=45.0, max_concurrency=8)
-    with pytest.raises(ConfigError, match=r"rollout\.episode_timeout_s: must be a number > 0"):
+    with pytest.raises(ConfigError, match=r"rollout\.episode_timeout_s: must be a finite number >= 1, got 0"):
         config_from_dict({}, ["rollout.episode_timeout_s=0"])

@@ -30,8 +30,8 @@ from gymnasium.error import ResetNeeded
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.formats import TOOL_FORMATS
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
-from agentenv.envs.results import call_tool, result_text
-from agentenv.envs.spaces import TokenSequence, as_token_array
+from agentenv.envs.results import call_tool, close_tool, result_text
+from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
@@ -40,7 +40,7 @@ from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, Segment, Trajectory
 
-# reward_fn(response_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
+# reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
 
 _TAG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -82,9 +82,10 @@ class AgentEnv(gymnasium.Env):
     Args:
         tools: Prototype tools; each `Tool.name` is the tag the model writes.
         tokenizer: The policy's tokenizer (HF-style `encode`/`decode`, `eos_token_id`).
-        reward_fn: `reward_fn(response_text, task, tool_calls)` returning an
-            object with `.score`, `.correct`, `.format_ok`. Default:
-            `agentenv.tasks.rewards.arpo_reward`.
+        reward_fn: `reward_fn(policy_text, task, tool_calls)` returning an
+            object with `.score`, `.correct`, `.format_ok`. It sees only what
+            the policy wrote (`policy_text`) and the tool-call counts, never a
+            tool's text. Default: `agentenv.tasks.rewards.arpo_reward`.
         config: `AgentEnvConfig` or a mapping of its fields.
         tasks: Tasks to draw from (with the seeded `np_random`) when `reset`
             gets no `options={"task": ...}`.
@@ -244,6 +245,9 @@ class AgentEnv(gymnasium.Env):
 
         Raises:
             gymnasium.error.ResetNeeded: Before `reset` or after the episode ended.
+            ValueError: The action is not a flat sequence of integer token ids
+                in the vocabulary, or is longer than `remaining_tokens`
+                (nothing changes).
             agentenv.errors.ToolError: A tool's infrastructure failed.
         """
         self._check_can_step()
@@ -338,15 +342,25 @@ class AgentEnv(gymnasium.Env):
             from agentenv.tasks.rewards import arpo_reward
 
             reward_fn = arpo_reward
-        response = self._response_prefix + self.tokenizer.decode(self._context[self.prompt_len :], skip_special_tokens=True)
         # In a worker thread: a symbolic math check may take seconds and must not stall other episodes.
-        r = await asyncio.to_thread(reward_fn, response, self._task, dict(self._tool_calls))
+        r = await asyncio.to_thread(reward_fn, self.policy_text(), self._task, dict(self._tool_calls))
         self._reward = float(r.score)
         self._reward_info = {
             "score": self._reward,
             "correct": bool(getattr(r, "correct", False)),
             "format_ok": bool(getattr(r, "format_ok", False)),
         }
+
+    def policy_text(self) -> str:
+        """What the policy wrote this episode: its turns, each decoded alone, one per line.
+
+        Tool results are left out, so nothing a tool prints (an `<answer>`, a
+        stray `</result>`) can earn or spoil a reward; each turn is decoded on
+        its own, so no tag can form across a turn boundary. A prefill the task's
+        messages end with is the start of the first turn.
+        """
+        turns = (s.token_ids for s in self._segments if s.source == "policy")
+        return self._response_prefix + "\n".join(self.tokenizer.decode(ids, skip_special_tokens=True) for ids in turns)
 
     def _count(self, key: str) -> None:
         self._tool_calls[key] = self._tool_calls.get(key, 0) + 1
@@ -367,15 +381,18 @@ class AgentEnv(gymnasium.Env):
             raise ResetNeeded(f"{type(self).__name__}: the episode's tools were closed; call env.reset(...)")
 
     def _as_turn(self, action: Any) -> tuple[list[int], list[float], list[float], str | None]:
+        """The turn's ids, logprobs, entropies and finish reason; a malformed action raises before anything changes."""
         if isinstance(action, Generation):
-            ids = [int(t) for t in action.token_ids]
+            ids = action_ids(np.asarray(action.token_ids) if action.token_ids else [], self._vocab_size)
             lps, ents, finish = list(action.logprobs), list(action.entropies), action.finish_reason
         else:
-            ids = [int(t) for t in np.asarray(action, dtype=np.int64).reshape(-1)]
+            ids = action_ids(action, self._vocab_size)
             lps, ents, finish = [math.nan] * len(ids), [math.nan] * len(ids), None
-        bad = [t for t in ids if not 0 <= t < self._vocab_size]
-        if bad:
-            raise ValueError(f"action holds token ids outside [0, {self._vocab_size}): {bad[:5]}")
+        if len(ids) > self.remaining_tokens:
+            raise ValueError(
+                f"the action has {len(ids)} tokens but only {self.remaining_tokens} remain of the context budget "
+                f"(env.max_context_tokens={self.config.max_context_tokens}); generate at most env.remaining_tokens"
+            )
         return ids, lps, ents, finish
 
     # ---- records, forks, closing ----------------------------------------
@@ -434,9 +451,16 @@ class AgentEnv(gymnasium.Env):
         await self._aclose_tools(tools)
 
     async def _aclose_tools(self, tools: Mapping[str, Tool]) -> None:
+        """Close every tool (one failing to close does not keep the others open); raise the first error."""
+        errors = []
         for name, tool in tools.items():
             if tool is not self._prototypes.get(name):
-                await tool.aclose()
+                try:
+                    await close_tool(tool, self.config.tool_timeout_s)
+                except Exception as e:  # noqa: BLE001 - re-raised below, after the others are closed
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
     def _discard_tools(self, tools: Mapping[str, Tool]) -> None:
         if tools:
@@ -453,7 +477,7 @@ class AgentEnv(gymnasium.Env):
             await self._aclose_tools(tools)
             if self._owns_tools:
                 for proto in self._prototypes.values():
-                    await proto.aclose()
+                    await close_tool(proto, self.config.tool_timeout_s)
 
         self._sync.run_or_schedule(_close_all())
         self._sync.close()

@@ -24,6 +24,7 @@ from typing import Any
 
 from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE, DEFAULT_TRUNCATION_MARKER, validate_result_fields
 from agentenv.errors import ConfigError
+from agentenv.loader import check_number
 from agentenv.registry import Part
 from agentenv.tasks.rewards import RewardFn, get_reward
 from agentenv.tasks.sources import TasksConfig
@@ -93,10 +94,8 @@ class AgentEnvConfig:
             if options is not None and not isinstance(options, Mapping):
                 raise ConfigError(f"env.tools.{name}", f"expected a mapping of the tool's options, got {options!r}")
         object.__setattr__(self, "tools", {str(k): dict(v or {}) for k, v in tools.items()})
-        if not isinstance(self.max_tool_calls, int) or self.max_tool_calls < 0:
-            raise ConfigError("env.max_tool_calls", f"must be an int >= 0, got {self.max_tool_calls!r}")
-        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 2:
-            raise ConfigError("env.max_context_tokens", f"must be an int >= 2, got {self.max_context_tokens!r}")
+        check_number("env.max_tool_calls", self.max_tool_calls, low_ok=True, integer=True)
+        check_number("env.max_context_tokens", self.max_context_tokens, low=2, low_ok=True, integer=True)
         validate_result_fields(
             "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
         )

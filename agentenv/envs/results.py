@@ -12,12 +12,13 @@ broken by a zero-width space (U+200B) after its first character.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentenv.errors import ConfigError
+from agentenv.envs.toolloop import run_on_tool_loop
+from agentenv.errors import ConfigError, ToolError
+from agentenv.loader import check_number
 from agentenv.tools.base import Tool
 from agentenv.types import ToolResult
 
@@ -33,10 +34,8 @@ def validate_result_fields(
         raise ConfigError(f"{prefix}.result_template", f"must contain '{{text}}' exactly once, got {template!r}")
     if not isinstance(marker, str):
         raise ConfigError(f"{prefix}.truncation_marker", f"must be a string, got {marker!r}")
-    if not isinstance(max_result_tokens, int) or max_result_tokens < 1:
-        raise ConfigError(f"{prefix}.max_result_tokens", f"must be an int >= 1, got {max_result_tokens!r}")
-    if not (isinstance(tool_timeout_s, (int, float)) and tool_timeout_s > 0):
-        raise ConfigError(f"{prefix}.tool_timeout_s", f"must be a number > 0, got {tool_timeout_s!r}")
+    check_number(f"{prefix}.max_result_tokens", max_result_tokens, low=1, low_ok=True, integer=True)
+    check_number(f"{prefix}.tool_timeout_s", tool_timeout_s)
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -149,14 +148,17 @@ def result_text(result: ToolResult) -> str:
 async def call_tool(tool: Tool, query: str, timeout_s: float) -> tuple[ToolResult, float]:
     """Call a tool with a timeout; a timeout becomes a result the model reads.
 
-    `ToolError` (infrastructure) and any other exception propagate.
+    The call runs on the tool loop (`agentenv.envs.toolloop`): a tool that
+    blocks its thread still times out on time and holds up no generation.
+    `ToolError` (infrastructure; also a tool raising a stray `CancelledError`)
+    and any other exception propagate.
 
     Returns:
         (result, wall seconds spent).
     """
     t0 = time.perf_counter()
     try:
-        result = await asyncio.wait_for(tool(query), timeout=timeout_s)
+        result = await run_on_tool_loop(lambda: tool(query), timeout_s, f"the {tool.name} tool")
     except TimeoutError:
         elapsed = time.perf_counter() - t0
         msg = f"The {tool.name} call timed out after {timeout_s:g} s. Try a simpler or shorter request."
@@ -165,3 +167,15 @@ async def call_tool(tool: Tool, query: str, timeout_s: float) -> tuple[ToolResul
     if not isinstance(result, ToolResult):
         raise TypeError(f"tool {tool.name!r} returned {type(result).__name__}, expected agentenv.types.ToolResult")
     return result, elapsed
+
+
+async def close_tool(tool: Tool, timeout_s: float) -> None:
+    """`tool.aclose()` on the tool loop (where its calls made their resources), bounded in time.
+
+    Raises:
+        ToolError: Closing took longer than `timeout_s`, or the tool raised one.
+    """
+    try:
+        await run_on_tool_loop(tool.aclose, timeout_s, f"the {tool.name} tool")
+    except TimeoutError:
+        raise ToolError(f"closing the {tool.name} tool took longer than {timeout_s:g} s; its resources may leak") from None

@@ -43,3 +43,26 @@ class TokenSequence(spaces.Sequence):
 def as_token_array(ids: list[int]) -> np.ndarray:
     """A fresh int64 array of token ids (never shared with the env's state)."""
     return np.array(ids, dtype=np.int64)
+
+
+def action_ids(action: Any, vocab_size: int) -> list[int]:
+    """The token ids of an action: a flat sequence of integers in `[0, vocab_size)`.
+
+    Nothing is coerced: a float (1.7 would silently become token 1) or a nested
+    array (flattened, it would be another turn) is refused.
+
+    Raises:
+        ValueError: The action is not 1-D, holds non-integers, or ids out of range.
+    """
+    arr = np.asarray(action)
+    if arr.size == 0:
+        return []
+    if arr.ndim != 1:
+        raise ValueError(f"an action is a flat sequence of token ids, got an array of shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, got {arr.dtype} values (first {arr[:3].tolist()})")
+    ids = arr.astype(np.int64).tolist()
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"action holds token ids outside [0, {vocab_size}): {bad[:5]}")
+    return ids

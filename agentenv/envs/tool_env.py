@@ -21,10 +21,11 @@ from agentenv.envs.results import (
     DEFAULT_TRUNCATION_MARKER,
     ResultFormatter,
     call_tool,
+    close_tool,
     result_text,
     validate_result_fields,
 )
-from agentenv.envs.spaces import TokenSequence, as_token_array
+from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
@@ -109,7 +110,7 @@ class ToolEnv(gymnasium.Env):
         """Start a session with a fresh fork of the tool. Returns (empty int64 array, {"tool": name})."""
         super().reset(seed=seed)
         if self._episode_tool is not None and self._episode_tool is not self.tool:
-            self._sync.run_or_schedule(self._episode_tool.aclose())
+            self._sync.run_or_schedule(close_tool(self._episode_tool, self.config.tool_timeout_s))
         self._episode_tool = self.tool.fork()
         self._started = True
         self._calls = 0
@@ -133,10 +134,7 @@ class ToolEnv(gymnasium.Env):
             raise ResetNeeded(
                 f"{type(self).__name__}: the episode ended after max_calls={self.config.max_calls}; call env.reset()"
             )
-        ids = [int(t) for t in np.asarray(action, dtype=np.int64).reshape(-1)]
-        bad = [t for t in ids if not 0 <= t < self._vocab_size]
-        if bad:
-            raise ValueError(f"action holds token ids outside [0, {self._vocab_size}): {bad[:5]}")
+        ids = action_ids(action, self._vocab_size)
         query = self.tokenizer.decode(ids, skip_special_tokens=True)
         result, elapsed = await call_tool(self._episode_tool, query, self.config.tool_timeout_s)
         self._calls += 1
@@ -163,7 +161,7 @@ class ToolEnv(gymnasium.Env):
         tool, self._episode_tool = self._episode_tool, None
         self._started = False
         if tool is not None and tool is not self.tool:
-            await tool.aclose()
+            await close_tool(tool, self.config.tool_timeout_s)
 
     def close(self) -> None:
         """Close the episode's tool, the prototype if owned, and the env's loop. Idempotent."""
@@ -173,9 +171,9 @@ class ToolEnv(gymnasium.Env):
 
         async def _close() -> None:
             if tool is not None and tool is not self.tool:
-                await tool.aclose()
+                await close_tool(tool, self.config.tool_timeout_s)
             if owned is not None:
-                await owned.aclose()
+                await close_tool(owned, self.config.tool_timeout_s)
 
         self._sync.run_or_schedule(_close())
         self._sync.close()

@@ -1,19 +1,38 @@
 """Methods that vLLM mixes into its worker processes (`worker_extension_cls`).
 
 The policy in the trainer's process reaches them through the engine's
-`collective_rpc`: it stages the trainer's weights in chunks (safetensors bytes,
-so any tensor dtype crosses the process boundary unchanged), then commits them
-in one in-place reload. vLLM imports this module by name inside each worker, so
-it must stay importable without side effects.
+`collective_rpc`. Two jobs:
+
+- weights: the trainer's weights are staged in chunks (safetensors bytes, so
+  any tensor dtype crosses the process boundary unchanged), then committed in
+  one in-place reload;
+- entropy: `agentenv_install_entropy` makes the worker's sampler report each
+  sampled token's exact entropy, computed here where the full distribution is
+  (see `EntropySampler`), so no vocabulary-sized logprob lists leave the worker.
+
+vLLM imports this module by name inside each worker, so it must stay
+importable without side effects.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "EntropySampler",
+    "WorkerExtension",
+    "decode_entropies",
+    "encode_entropies",
+    "install_entropy_sampler",
+    "token_entropy",
+]
 
-class WeightSyncExtension:
-    """Receives new weights into a running vLLM worker (one per tensor-parallel rank)."""
+# The sign bit of an int64. A real rank is >= 1, so a rank slot with this bit set holds an entropy.
+_TAG = -(1 << 63)
+
+
+class WorkerExtension:
+    """Mixed into each vLLM worker (one per tensor-parallel rank)."""
 
     def agentenv_stage_weights(self, blob: bytes) -> int:
         """Keep one chunk of checkpoint-format weights until the commit.
@@ -38,6 +57,7 @@ class WeightSyncExtension:
         staged: dict[str, Any] = self.__dict__.pop("_agentenv_staged", {})
         if not staged:
             return 0
+        _skip_computed_buffers(self.model_runner.get_model())
         self.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
         _refresh_tied_lm_head(self.model_runner.get_model())
         return len(staged)
@@ -45,6 +65,42 @@ class WeightSyncExtension:
     def agentenv_drop_staged_weights(self) -> None:
         """Forget staged chunks (after a failed transfer)."""
         self.__dict__.pop("_agentenv_staged", None)
+
+    def agentenv_install_entropy(self) -> str:
+        """Make this worker's sampler report exact entropies (idempotent); returns its class name."""
+        return install_entropy_sampler(self.model_runner)
+
+
+def _skip_computed_buffers(model: Any) -> None:
+    """Tell vLLM's layerwise reload which buffers no checkpoint holds.
+
+    The reload counts every parameter and buffer of a layer as something to
+    load; a layer that got none of them is reported ("RotaryEmbedding: Failed
+    to load weights", at every push) and gets its old tensors back. A rotary
+    embedding holds only `cos_sin_cache`, a non-persistent buffer computed from
+    the config, never saved in a checkpoint: putting it back is right, the
+    warning is not. vLLM lists the tensors that no weight loader ever fills in
+    `reload.meta.SKIP_LOAD_TENSORS` (by name); we add the names of the
+    non-persistent buffers of parameterless layers (the rotary caches), unless a
+    loadable tensor elsewhere in the model has the same name. The reload then
+    skips them and still puts them back. Without that set (another vLLM
+    version) nothing changes but the warning.
+    """
+    try:
+        from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+    except ImportError:
+        return
+    computed: set[str] = set()
+    loadable: set[str] = set()
+    for module in model.modules():
+        params = [n for n, p in module.named_parameters(recurse=False) if p is not None]
+        loadable.update(params)
+        non_persistent = module._non_persistent_buffers_set
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is None:
+                continue
+            (computed if not params and name in non_persistent else loadable).add(name)
+    SKIP_LOAD_TENSORS.update(computed - loadable)
 
 
 def _refresh_tied_lm_head(model: Any) -> None:
@@ -65,3 +121,139 @@ def _refresh_tied_lm_head(model: Any) -> None:
         return
     lm_head.weight = embed.weight
     quant_method.process_weights_after_loading(lm_head)
+
+
+# --------------------------------------------------------------------------- exact entropy in the engine
+
+
+def encode_entropies(entropy: Any) -> Any:
+    """(n,) entropies (a tensor) -> (n,) int64 for a rank slot: the float64 bits with the sign bit set."""
+    import torch
+
+    bits = entropy.clamp(min=0).to(torch.float64).view(torch.int64)
+    return bits | _TAG
+
+
+def decode_entropies(ranks: Any) -> Any:
+    """The inverse of `encode_entropies` on the client, in numpy: (n,) int -> (n,) float64.
+
+    Raises:
+        ValueError: A slot holds a real rank (>= 0): the engine did not compute it.
+    """
+    import numpy as np
+
+    r = np.asarray(ranks, dtype=np.int64)
+    if (r >= 0).any():
+        raise ValueError("a rank slot holds a rank, not an entropy")
+    return (r & np.int64(~_TAG)).view(np.float64)
+
+
+class EntropySampler:
+    """Put in front of vLLM's sampler class: each sampled token's rank slot carries its exact entropy.
+
+    vLLM's sampler (the V1 model runner's `vllm.v1.sample.sampler.Sampler`, and
+    the V2 runner's `vllm.v1.worker.gpu.sample.sampler.Sampler`, GPU default in
+    vLLM 0.32) computes, in `sample()`, the scores of the distribution each
+    token is drawn from: with `logprobs_mode="processed_logprobs"` the scores
+    after penalties, temperature and top-k / top-p (-inf outside the kept
+    tokens); log-probabilities (V1) or logits (V2). `sample()` returns them with
+    the tokens, and `__call__` gathers the requested logprobs from them into
+    `logprobs_tensors`. We keep that tensor (n, V) from `sample()`, and when the
+    call returns, replace `logprobs_tensors.selected_token_ranks` (n,), the
+    sampled token's rank, with its entropy (`encode_entropies`).
+
+    Why the rank slot: it is one int64 per sampled token that every request
+    with `logprobs >= 0` receives whatever the other requests of its batch ask
+    for (their top-k columns stay as they are), it crosses the engine's
+    processes bit for bit, and nothing in vLLM reads it back. A real rank is
+    >= 1, so the client tells an entropy from a rank by the sign bit and fails
+    loudly instead of misreading one. The ranks vLLM computed are lost; this
+    engine's clients never read them. (Speculative decoding samples through
+    vLLM's rejection sampler instead of this call: its tokens would come back
+    with real ranks, and the client raises.)
+    """
+
+    _agentenv_scores: Any = None  # (n, V) tensor of the step being sampled
+    _agentenv_scores_are_logprobs = False  # set per vLLM sampler class by `install_entropy_sampler`
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        sampled, scores = super().sample(*args, **kwargs)  # type: ignore[misc]
+        self._agentenv_scores = scores
+        return sampled, scores
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._agentenv_scores = None
+        out = super().__call__(*args, **kwargs)  # type: ignore[misc]
+        scores, self._agentenv_scores = self._agentenv_scores, None
+        lp = out.logprobs_tensors
+        if lp is not None and scores is not None and scores.shape[0] == lp.selected_token_ranks.shape[0]:
+            entropy = token_entropy(scores, normalized=self._agentenv_scores_are_logprobs)
+            out.logprobs_tensors = lp._replace(selected_token_ranks=encode_entropies(entropy))
+        return out
+
+
+def token_entropy(scores: Any, normalized: bool) -> Any:
+    """Entropy (nats) of each row's distribution softmax(scores), computed in float32.
+
+    Args:
+        scores: (n, V) log-probabilities (`normalized`) or logits; -inf marks
+            tokens outside the distribution (top-k / top-p, masks).
+        normalized: The rows are log-probabilities already (saves a log-softmax).
+
+    Returns:
+        (n,) entropies.
+    """
+    import torch
+
+    logp = scores.float() if normalized else torch.log_softmax(scores.float(), dim=-1)  # (n, V)
+    # One (n, V) temporary, multiplied in place: on CPU a second one costs 4x the arithmetic
+    # (fresh pages for every step's allocation). p log p is 0 * -inf = nan on excluded tokens;
+    # nansum counts them as the 0 they are (a masked where() costs 3x more). A row of NaN logits
+    # gets entropy 0 here, but its NaN logprob still shows the fault.
+    plogp = torch.exp(logp)
+    plogp.mul_(logp)
+    return -plogp.nansum(dim=-1)
+
+
+def _known_sampler_classes() -> tuple[type, ...]:
+    from vllm.v1.sample.sampler import Sampler
+
+    known: list[type] = [Sampler]
+    try:
+        from vllm.v1.worker.gpu.sample.sampler import Sampler as SamplerV2
+    except ImportError:  # a build without the V2 runner
+        pass
+    else:
+        known.append(SamplerV2)
+    return tuple(known)
+
+
+def install_entropy_sampler(model_runner: Any) -> str:
+    """Re-class `model_runner.sampler` as an `EntropySampler` of its own class; idempotent.
+
+    Depends on vLLM's model runner keeping its sampler in `.sampler`, calling it
+    once per step, and the sampler's `sample()` returning (tokens, scores)
+    (checked on vLLM 0.32: both model runners). An unknown sampler raises.
+    """
+    import vllm
+
+    sampler = getattr(model_runner, "sampler", None)
+    if isinstance(sampler, EntropySampler):
+        return type(sampler).__name__
+    known = _known_sampler_classes()
+    if not isinstance(sampler, known):
+        raise RuntimeError(
+            f"agentenv cannot compute entropies in vLLM {vllm.__version__}'s sampler "
+            f"{type(sampler).__module__}.{type(sampler).__name__}: it knows {[c.__qualname__ for c in known]}. "
+            "Use policy entropy_mode=topk, or a vLLM version agentenv supports"
+        )
+    from vllm.v1.sample.sampler import Sampler as SamplerV1
+
+    cls = type(sampler)
+    attrs = {
+        "__module__": __name__,
+        # V1's sample() returns log-softmaxed scores in processed_logprobs mode (engine_args sets it); V2's, logits.
+        "_agentenv_scores_are_logprobs": issubclass(cls, SamplerV1) and sampler.logprobs_mode == "processed_logprobs",
+    }
+    sampler.__class__ = type(f"{cls.__name__}WithEntropy", (EntropySampler, cls), attrs)
+    return type(sampler).__name__

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentenv.errors import ConfigError
-from agentenv.loader import rest_field
+from agentenv.loader import check_number, rest_field
 from agentenv.types import SamplingParams
 
 _HF_DTYPES = ("float32", "bfloat16", "float16")
@@ -56,14 +56,12 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         from agentenv.policies.backends import POLICY_BACKENDS
 
-        if self.temperature < 0:
-            raise ConfigError("policy.temperature", f"must be >= 0, got {self.temperature}")
+        check_number("policy.temperature", self.temperature, low_ok=True)
         if not 0 < self.top_p <= 1:
             raise ConfigError("policy.top_p", f"must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ConfigError("policy.top_k", f"must be -1 (off), 0 or a positive int, got {self.top_k}")
-        if self.max_turn_tokens < 1:
-            raise ConfigError("policy.max_turn_tokens", f"must be >= 1, got {self.max_turn_tokens}")
+        check_number("policy.max_turn_tokens", self.max_turn_tokens, low=1, low_ok=True, integer=True)
         POLICY_BACKENDS.get(self.backend)
         for name, section in self.backends.items():
             if name != self.backend and name not in POLICY_BACKENDS:

@@ -62,7 +62,8 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     for a typo.
 
     Raises:
-        ConfigError: A typo of a registered name, or a model part that fails.
+        ConfigError: A typo of a registered name, a model part that fails, or a
+            local path that does not exist, is a file, or holds no `config.json`.
     """
     if _named(path):
         return str(MODELS.get(path, key).path())
@@ -70,12 +71,22 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
         from agentenv.policies.gguf import convert_gguf
 
         return str(convert_gguf(path, key))
-    if "/" not in path and not Path(path).exists():
+    local = Path(path).expanduser()
+    if local.exists():
+        hint = "give a Hugging Face model folder (holding config.json), a .gguf file, a hub id or a registered model name"
+        if not local.is_dir():
+            raise ConfigError(key, f"{path!r} is a file; {hint}")
+        if not (local / "config.json").exists():
+            raise ConfigError(key, f"{path!r} holds no config.json; {hint}")
+        return str(local)
+    if "/" not in path:
         close = difflib.get_close_matches(path, MODELS.names(), n=3, cutoff=0.75)
         if close:
             raise ConfigError(
                 key, f"{path!r} is neither a folder nor a registered model; did you mean {', '.join(map(repr, close))}?"
             )
+    if path.startswith(("/", ".", "~")) or path.endswith("/") or path.count("/") > 1:
+        raise ConfigError(key, f"{path!r} does not exist (and is no hub id such as Qwen/Qwen2.5-7B-Instruct)")
     return path
 
 

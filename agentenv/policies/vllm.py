@@ -14,15 +14,23 @@ and the trainer's `agentenv.training.scoring`): the distribution `softmax(logits
 - the logprob of the sampled token. The engine runs with
   `logprobs_mode="processed_logprobs"`, so vLLM returns temperature-scaled
   log-probabilities (its default, "raw", would be at T = 1);
-- its entropy, `exact` from the full vocabulary (`logprobs=-1`), or by default
-  estimated from the top-k logprobs; see `topk_entropy` for the estimator and
-  its error bound.
+- its entropy (`entropy_mode`):
+  - `exact` (default): computed inside the engine's worker from the full
+    distribution the token was drawn from, where the logits are; it comes back
+    in the sampled token's rank slot (see `_vllm_worker.EntropySampler`), so
+    the same three numbers per token cross processes as for the logprob alone;
+  - `topk`: estimated here from the top-k logprobs; see `topk_entropy` for the
+    estimator and its error bound;
+  - `full`: exact, computed here from the whole vocabulary's logprobs
+    (`logprobs=-1`, V floats per token across processes: slow, for checks and
+    benchmarks).
 
 One difference from `hf`: vLLM computes processed logprobs after top-k / top-p
-truncation, so with `top_k > 0` or `top_p < 1` the numbers describe the
-truncated, renormalized distribution the token was drawn from (hf reports the
-untruncated one). RL rollouts usually sample untruncated (top_p = 1, top_k = -1),
-where both backends agree. vLLM also raises temperatures in (0, 0.01) to 0.01.
+truncation, so with `top_k > 0` or `top_p < 1` the logprob and the entropy
+(every mode) describe the truncated, renormalized distribution the token was
+drawn from (hf reports the untruncated one). RL rollouts usually sample
+untruncated (top_p = 1, top_k = -1), where both backends agree. vLLM also
+raises temperatures in (0, 0.01) to 0.01.
 
 Mechanics vLLM does not do by itself, done here:
 - stop strings: matched by this module on the token stream (vLLM runs with
@@ -52,7 +60,9 @@ from typing import Any, Coroutine, Iterable, Iterator, Literal, Mapping
 import numpy as np
 
 from agentenv.errors import ConfigError, InfraError
-from agentenv.policies._reaper import Reaper, child_pids
+from agentenv.loader import check_number
+from agentenv._reaper import Reaper, tagged
+from agentenv.policies._vllm_worker import decode_entropies
 from agentenv.types import FinishReason, Generation, SamplingParams
 
 __all__ = [
@@ -65,9 +75,12 @@ __all__ = [
     "topk_entropy",
 ]
 
-EntropyMode = Literal["topk", "exact"]
+EntropyMode = Literal["exact", "topk", "full"]
+# Per call also `none`: no entropy (NaN), the baseline of bench/policy.py.
+CallEntropyMode = Literal["exact", "topk", "full", "none"]
+_CALL_MODES = ("exact", "topk", "full", "none")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_EXTENSION = "agentenv.policies._vllm_worker.WeightSyncExtension"
+_EXTENSION = "agentenv.policies._vllm_worker.WorkerExtension"
 # Keys of `engine_kwargs` that would break what this module relies on.
 _OWNED_ENGINE_KEYS = ("logprobs_mode", "max_logprobs", "worker_extension_cls")
 
@@ -94,8 +107,11 @@ class VLLMPolicyConfig:
             blocks reuse more of a shared prefix that ends mid-block.
         enable_prefix_caching: Reuse the KV of shared prompt prefixes (ARPO
             branches share everything up to the branch point).
-        entropy_mode: `topk` (estimated from the top `entropy_topk` logprobs)
-            or `exact` (full vocabulary; cheap only for small vocabularies).
+        entropy_mode: `exact` (computed in the engine from the full
+            distribution), `topk` (estimated from the top `entropy_topk`
+            logprobs) or `full` (exact, from the whole vocabulary's logprobs
+            sent to this process; slow). Only an engine started with `exact`
+            computes entropies in its sampler (other modes still work on it).
         entropy_topk: k of the `topk` entropy estimate.
         seed: Engine seed for requests that bring no seed.
         enforce_eager: No CUDA graphs / torch.compile (starts faster).
@@ -118,7 +134,7 @@ class VLLMPolicyConfig:
     max_num_seqs: int | None = None
     block_size: int | None = None
     enable_prefix_caching: bool = True
-    entropy_mode: EntropyMode = "topk"
+    entropy_mode: EntropyMode = "exact"
     entropy_topk: int = 20
     seed: int = 0
     enforce_eager: bool = False
@@ -144,8 +160,8 @@ class VLLMPolicyConfig:
             _positive_int("policy.max_num_seqs", self.max_num_seqs)
         if self.block_size is not None:
             _positive_int("policy.block_size", self.block_size)
-        if self.entropy_mode not in ("topk", "exact"):
-            raise ConfigError("policy.entropy_mode", f"must be topk or exact, got {self.entropy_mode!r}")
+        if self.entropy_mode not in ("exact", "topk", "full"):
+            raise ConfigError("policy.entropy_mode", f"must be exact, topk or full, got {self.entropy_mode!r}")
         _positive_int("policy.entropy_topk", self.entropy_topk)
         _positive_int("policy.weight_chunk_mb", self.weight_chunk_mb)
         _positive_int("policy.stop_check_interval", self.stop_check_interval)
@@ -157,8 +173,7 @@ class VLLMPolicyConfig:
 
 
 def _positive_int(key: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(key, f"must be an int >= {minimum}, got {value!r}")
+    check_number(key, value, low=minimum, low_ok=True, integer=True)
 
 
 # --------------------------------------------------------------------------- entropy (pure)
@@ -253,12 +268,13 @@ def topk_entropy(
 
 
 def _token_logprobs_and_entropies(
-    flat: Any, n: int, mode: EntropyMode, vocab_size: int
+    flat: Any, n: int, mode: CallEntropyMode, vocab_size: int
 ) -> tuple[list[float], list[float]]:
     """Read vLLM's per-position logprobs (a `FlatLogprobs`) of n sampled tokens.
 
-    Position i holds entries [start_i, end_i): entry 0 is the sampled token,
-    then the top-k (or, with logprobs=-1, the whole vocabulary) by rank.
+    Position i holds entries [start_i, end_i): entry 0 is the sampled token
+    (its rank slot holds the in-engine entropy on an `exact` engine), then the
+    top-k (or, with logprobs=-1, the whole vocabulary) by rank.
     """
     if flat is None or len(flat) < n:
         got = 0 if flat is None else len(flat)
@@ -266,6 +282,18 @@ def _token_logprobs_and_entropies(
     if n == 0:
         return [], []
     starts = np.asarray(flat.start_indices[:n])
+    if mode in ("exact", "none"):
+        sampled = np.asarray(flat.logprobs, dtype=np.float64)[starts]  # (n,)
+        if mode == "none":
+            return sampled.tolist(), [float("nan")] * n
+        try:
+            entropies = decode_entropies([flat.ranks[i] for i in starts])
+        except ValueError as exc:
+            raise InfraError(
+                "vLLM returned ranks where the in-engine entropies belong: its sampler runs without "
+                "agentenv's entropy hook (the engine must start with entropy_mode=exact)"
+            ) from exc
+        return sampled.tolist(), entropies.tolist()
     ends = np.asarray(flat.end_indices[:n])
     widths = ends - starts
     width = int(widths.max())
@@ -282,7 +310,7 @@ def _token_logprobs_and_entropies(
             block_ids[i, : e - s] = ids[s:e]
     sampled = block[:, 0]  # (n,)
     ranked, ranked_ids = block[:, 1:], block_ids[:, 1:]  # (n, k) or (n, V)
-    if mode == "exact":
+    if mode == "full":
         entropies = exact_entropy(ranked)
     else:
         in_top = (ranked_ids == block_ids[:, :1]).any(-1)  # (n,)
@@ -447,14 +475,16 @@ class VLLMPolicy:
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
         self._loop = _EngineLoop("agentenv-vllm")
-        before = child_pids()
+        # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
+        # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
+        self._reaper = Reaper(tag=True)
         try:
-            self._engine = self._loop.call(self._start_engine())
+            with tagged(self._reaper.tag):
+                self._engine = self._loop.call(self._start_engine())
         except BaseException:
             self._loop.stop()
+            self._reaper.release()
             raise
-        # The engine's processes end with ours, even when we are killed with SIGKILL.
-        self._reaper = Reaper(child_pids() - before)
         # Shut the engine down before interpreter teardown if the owner never closes it.
         atexit.register(_close_at_exit, weakref.ref(self))
         model_config = self._engine.model_config
@@ -465,32 +495,40 @@ class VLLMPolicy:
     async def _start_engine(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(engine_args(self.config))
+        engine = AsyncLLM.from_engine_args(engine_args(self.config))
+        if self.config.entropy_mode == "exact":
+            try:
+                await engine.collective_rpc("agentenv_install_entropy")
+            except BaseException:
+                engine.shutdown()
+                raise
+        return engine
 
     # ------------------------------------------------------------------ generation
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> Generation:
         """Sample one continuation of `prompt_ids`; batched with concurrent calls.
 
         Args:
             prompt_ids: The context so far.
             params: How to sample.
-            entropy_mode: Overrides `config.entropy_mode` for this call.
+            entropy_mode: Overrides `config.entropy_mode` for this call; also
+                `none` (entropies NaN: the baseline for benchmarks).
         """
         prompt_ids = self._check_prompt(prompt_ids)
         mode = self._check_mode(entropy_mode)
         return await asyncio.wrap_future(self._loop.submit(self._agenerate(prompt_ids, params, mode)))
 
     def generate_sync(
-        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> Generation:
         """Blocking `generate` for scripts (not from inside a running event loop)."""
         return self.generate_many_sync([prompt_ids], params, entropy_mode=entropy_mode)[0]
 
     def generate_many_sync(
-        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: EntropyMode | None = None
+        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> list[Generation]:
         """Blocking `generate` of several prompts at once (batched by the engine)."""
         _refuse_inside_loop("generate_many_sync")
@@ -515,13 +553,18 @@ class VLLMPolicy:
             )
         return prompt_ids
 
-    def _check_mode(self, mode: EntropyMode | None) -> EntropyMode:
+    def _check_mode(self, mode: CallEntropyMode | None) -> CallEntropyMode:
         mode = mode or self.config.entropy_mode
-        if mode not in ("topk", "exact"):
-            raise ValueError(f"entropy_mode must be topk or exact, got {mode!r}")
+        if mode not in _CALL_MODES:
+            raise ValueError(f"entropy_mode must be one of {list(_CALL_MODES)}, got {mode!r}")
+        if mode == "exact" and self.config.entropy_mode != "exact":
+            raise ValueError(
+                f"entropy_mode='exact' needs an engine started with entropy_mode='exact' (this one: "
+                f"{self.config.entropy_mode!r}): the entropy is computed by a sampler hook installed at start"
+            )
         return mode
 
-    def _vllm_params(self, params: SamplingParams, mode: EntropyMode) -> Any:
+    def _vllm_params(self, params: SamplingParams, mode: CallEntropyMode) -> Any:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -534,16 +577,17 @@ class VLLMPolicy:
             seed=params.seed,
             # Stop strings are matched here, not by vLLM: its detokenizer would also decode
             # every returned logprob token one by one (21 per token at k=20, the whole
-            # vocabulary in exact mode), which halves throughput (exact: /25).
+            # vocabulary in full mode), which halves throughput (full: /25).
             detokenize=False,
-            logprobs=-1 if mode == "exact" else self.config.entropy_topk,
+            # The sampled token's logprob always; `topk` adds the k largest, `full` all V.
+            logprobs={"topk": self.config.entropy_topk, "full": -1}.get(mode, 0),
             flat_logprobs=True,
             # With stop strings we watch tokens as they come; otherwise only the end matters.
             output_kind=RequestOutputKind.DELTA if params.stop else RequestOutputKind.FINAL_ONLY,
             stream_interval=self.config.stop_check_interval if params.stop else None,
         )
 
-    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: EntropyMode) -> Generation:
+    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: CallEntropyMode) -> Generation:
         """Runs on the engine loop."""
         from vllm.inputs import tokens_input
 

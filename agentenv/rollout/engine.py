@@ -2,8 +2,10 @@
 
 Each episode is a coroutine (generate, step the env, generate again), so a slow
 tool call of one episode never holds up another's generation, and there is no
-round barrier. A failing episode (exception or timeout) is recorded as a failed
-trajectory and never aborts its group.
+round barrier. Each episode has its own deadline (`episode_timeout_s`); a
+failing episode (exception, timeout, a stray `CancelledError` from a tool or
+the policy) is recorded as a failed trajectory and never aborts its group. Only
+a real cancellation of the caller propagates.
 
 Samplers beyond independent ones (ARPO's tree) build on `Episode`: generate a
 turn with a custom `max_tokens`, continue a partial turn, `fork()` at a branch
@@ -21,9 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from agentenv.errors import ConfigError, InfraError
+from agentenv.errors import InfraError
+from agentenv.loader import check_number
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
+
+
+MIN_EPISODE_TIMEOUT_S = 1.0
+"""Below this no trajectory can finish (one generation alone takes longer)."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,11 @@ class RolloutConfig:
 
     Attributes:
         generation_timeout_s: Wall-clock limit of one `generate` call; None for no limit.
+            Never longer than `episode_timeout_s` (see `generation_limit_s`).
         episode_timeout_s: Wall-clock limit of one trajectory (one episode, or one
             path of a tree from where it starts); a trajectory past it is recorded
-            as failed and the rest of its group goes on. None for no limit.
+            as failed and the rest of its group goes on. None for no limit; at
+            least `MIN_EPISODE_TIMEOUT_S`.
         max_concurrency: Most episodes in flight at once per sampler (in a run:
             over the whole rollout batch of a step).
     """
@@ -47,12 +56,24 @@ class RolloutConfig:
     max_concurrency: int = 256
 
     def __post_init__(self) -> None:
-        for key in ("generation_timeout_s", "episode_timeout_s"):
-            v = getattr(self, key)
-            if v is not None and not (isinstance(v, (int, float)) and v > 0):
-                raise ConfigError(f"rollout.{key}", f"must be a number > 0 or None, got {v!r}")
-        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
-            raise ConfigError("rollout.max_concurrency", f"must be an int >= 1, got {self.max_concurrency!r}")
+        if self.generation_timeout_s is not None:
+            check_number("rollout.generation_timeout_s", self.generation_timeout_s)
+        if self.episode_timeout_s is not None:
+            check_number("rollout.episode_timeout_s", self.episode_timeout_s, low=MIN_EPISODE_TIMEOUT_S, low_ok=True)
+        check_number("rollout.max_concurrency", self.max_concurrency, low=1, low_ok=True, integer=True)
+
+    @property
+    def generation_limit_s(self) -> float | None:
+        """The limit one `generate` call gets: the generation's, capped by the episode's."""
+        limits = [v for v in (self.generation_timeout_s, self.episode_timeout_s) if v is not None]
+        return min(limits) if limits else None
+
+
+def cancel_requested() -> bool:
+    """Whether the running task is being cancelled, as opposed to a `CancelledError` that a
+    tool or library raised on its own (which must fail one trajectory, not the whole batch)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def derive_seed(*parts: int) -> int:
@@ -191,11 +212,12 @@ class Episode:
         self._calls += 1
         prompt = self.env.context + list(done)
         t0 = time.perf_counter()
+        limit = self.config.generation_limit_s
         try:
-            gen = await asyncio.wait_for(self.policy.generate(prompt, params), self.config.generation_timeout_s)
+            gen = await asyncio.wait_for(self.policy.generate(prompt, params), limit)
         except TimeoutError as e:
             raise InfraError(
-                f"policy.generate timed out after {self.config.generation_timeout_s:g} s "
+                f"policy.generate timed out after {limit:g} s "
                 f"(prompt {len(prompt)} tokens); raise rollout.generation_timeout_s or check the policy backend"
             ) from e
         finally:
@@ -252,6 +274,60 @@ class Episode:
         await self.env.aclose()
 
 
+async def play_to_end(
+    ep: Episode, task: Task, timeout_s: float | None, *, fresh: bool, play: Callable[[], Any] | None = None
+) -> Trajectory:
+    """Play an episode to its end within its own deadline; every failure becomes a failed trajectory.
+
+    Args:
+        ep: The episode.
+        task: Its task (reset on it when `fresh`).
+        timeout_s: The episode's deadline; None for none.
+        fresh: Reset the env first (False for a fork that continues).
+        play: The coroutine function that plays the turns (default `ep.run`;
+            a tree sampler passes its own).
+
+    Returns:
+        The trajectory; failed (masked from the loss) on an exception, on the
+        deadline, or on a `CancelledError` that was no cancellation of this task.
+
+    Raises:
+        asyncio.CancelledError: Only when this task itself is being cancelled.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            if fresh:
+                ep.reset(task)
+            await (play or ep.run)()
+        return ep.trajectory()
+    except TimeoutError as e:
+        # asyncio.timeout's error has no message; others keep theirs.
+        return ep.failed_trajectory(task, e if str(e) else f"TimeoutError: episode timed out after {timeout_s:g} s")
+    except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
+        return ep.failed_trajectory(task, e)
+    except asyncio.CancelledError:
+        if cancel_requested():
+            raise
+        why = "CancelledError raised inside the episode (by a tool or the policy) without a cancellation"
+        return ep.failed_trajectory(task, why)
+
+
+async def close_quietly(ep: Episode) -> str | None:
+    """Close an episode's tools; the error's message when closing failed."""
+    try:
+        await ep.aclose()
+    except Exception as e:  # noqa: BLE001 - a close error is logged on the trajectory
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def failed_group(task: Task, n: int, error: BaseException | str, info: dict[str, Any] | None = None) -> Group:
+    """A group of `n` failed trajectories, for a sampler that raised instead of returning its group."""
+    msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    trajs = [Trajectory(task_id=task.id, finish_reason="error", failed=True, error=msg) for _ in range(n)]
+    return Group(task=task, trajectories=trajs, info={**(info or {}), "failed": n, "error": msg})
+
+
 class RolloutEngine:
     """Runs episodes and groups for one policy under one concurrency limit.
 
@@ -277,20 +353,12 @@ class RolloutEngine:
             ep = Episode(self.policy, env, params, seed, self.config)
             t0 = time.monotonic()
             try:
-                async with asyncio.timeout(self.config.episode_timeout_s):
-                    ep.reset(task)
-                    await ep.run()
-                traj = ep.trajectory()
-            except TimeoutError as e:
-                # asyncio.timeout's error has no message; others keep theirs.
-                msg = f"TimeoutError: episode timed out after {self.config.episode_timeout_s:g} s"
-                traj = ep.failed_trajectory(task, e if str(e) else msg)
-            except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
-                traj = ep.failed_trajectory(task, e)
-            try:
-                await ep.aclose()
-            except Exception as e:  # noqa: BLE001
-                traj.info["close_error"] = f"{type(e).__name__}: {e}"
+                traj = await play_to_end(ep, task, self.config.episode_timeout_s, fresh=True)
+            finally:
+                # Also on a real cancellation: a session tool holds a live container process.
+                close_error = await close_quietly(ep)
+            if close_error:
+                traj.info["close_error"] = close_error
             traj.info["t_start"] = t0
             traj.info["t_end"] = time.monotonic()
             return traj

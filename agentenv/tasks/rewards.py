@@ -23,10 +23,16 @@ block (the last `\\boxed{}` inside it, if any) and score 0 when there is none.
 
 ARPO (arXiv 2507.19849) scores a rollout in three tiers:
 
-- -1 when the format is wrong: unbalanced `<think>/<search>/<python>/<result>/<answer>`
-  tags, no `<answer>...</answer>`, or no `\\boxed{}` inside the answer;
+- -1 when the format is wrong: unbalanced `<think>/<search>/<python>/<browse>/<answer>`
+  tags, a `<result>` tag the policy wrote itself, no `<answer>...</answer>`, or no
+  `\\boxed{}` inside the answer;
 - otherwise correctness: token-level F1 for QA, exact or symbolic equality for math;
 - +0.1 when the answer is correct and the rollout used both search and python.
+
+The response scored is what the policy wrote, never the tools' results: a tool
+that prints `<answer>\\boxed{42}</answer>` earns nothing, and a result holding
+`</result>` or `<answer>` cannot spoil the policy's format. (ARPO's check ran
+over the whole rollout, results included, which let a tool's text do both.)
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from agentenv.registry import Registry
 from agentenv.tasks.mathcheck import math_equal, normalize_math, unwrap_text
 from agentenv.tasks.task import Task
 
-FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "result", "answer")
-"""Tags whose opening and closing must alternate (`browse` is the browser tool's tag)."""
+FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "answer")
+"""Tags whose opening and closing must alternate in the policy's text (`browse` is the browser tool's tag)."""
+RESULT_TAG = "result"
+"""Results are the env's: a policy that writes this tag forges one, which is a format error."""
 MULTI_TOOL_BONUS = 0.1
 """Added to a correct answer when both search and python were called (ARPO's multi-tool reward)."""
 _YES_NO = ("yes", "no", "noanswer")
@@ -141,7 +149,9 @@ def _answer_block(response: str) -> str | None:
 
 
 def check_format(response: str) -> tuple[bool, str | None, str]:
-    """ARPO's format rule. Returns (ok, boxed answer or None, reason)."""
+    """ARPO's format rule on what the policy wrote. Returns (ok, boxed answer or None, reason)."""
+    if re.search(rf"</?{RESULT_TAG}>", response):
+        return False, None, f"the policy wrote a <{RESULT_TAG}> tag (results come from tools)"
     bad = tags_balanced(response)
     if bad:
         return False, None, f"unbalanced <{bad}> tags"
@@ -166,8 +176,8 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
     """ARPO's hierarchical reward of one response.
 
     Args:
-        response: Decoded text of everything after the prompt (policy turns and
-            `<result>` blocks).
+        response: What the policy wrote: its turns, decoded, without the
+            tools' results (`AgentEnv.policy_text`).
         task: The task; `ability` picks F1 (qa) or equality (math); every answer in
             `metadata["answers"]` is accepted (the best one counts).
         tool_calls: Calls per tool name, e.g. `{"search": 2, "python": 1}`.
@@ -300,6 +310,7 @@ register_reward("math", math_reward)
 __all__ = [
     "FORMAT_TAGS",
     "MULTI_TOOL_BONUS",
+    "RESULT_TAG",
     "REWARDS",
     "RewardFn",
     "RewardResult",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.errors import ConfigError
-from agentenv.loader import rest_field
+from agentenv.loader import check_number, rest_field
 from agentenv.registry import Part, Registry, as_part, is_import_path, load_import_path
 from agentenv.tasks.task import Ability, Task, balanced_subset
 
@@ -69,10 +69,10 @@ class TasksConfig:
     options: Mapping[str, Any] = rest_field()
 
     def __post_init__(self) -> None:
-        for key in ("limit", "eval_limit"):
-            v = getattr(self, key)
-            if v is not None and v < 0:
-                raise ConfigError(f"env.tasks.{key}", f"must be >= 0, got {v}")
+        if self.limit is not None:
+            check_number("env.tasks.limit", self.limit, low=1, low_ok=True, integer=True)
+        if self.eval_limit is not None:
+            check_number("env.tasks.eval_limit", self.eval_limit, low_ok=True, integer=True)
         part = TASK_SOURCES.get(self.source, "env.tasks.source")
         object.__setattr__(self, "_part", part)
         object.__setattr__(self, "_config", part.config(self.options, "env.tasks"))
@@ -130,19 +130,37 @@ class FileTasksConfig:
     system_prompt: str | None = None
 
 
+def _read_files(cfg: FileTasksConfig, load: Callable[[Path], list[Task]]) -> TaskSet:
+    """`load` on the training and held-out files; a path that is no file, or a file that is no tasks,
+    is a ConfigError naming `env.tasks.path` (or `eval_path`) before anything starts."""
+
+    def read(path: str, key: str) -> list[Task]:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(key, f"{path!r} {'is a folder, not a file' if p.is_dir() else 'does not exist'}")
+        try:
+            return load(p)
+        except (OSError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(key, f"{path!r} cannot be read as tasks: {e}") from None
+
+    heldout = read(cfg.eval_path, "env.tasks.eval_path") if cfg.eval_path else []
+    return TaskSet(read(cfg.path, "env.tasks.path"), heldout)
+
+
 def jsonl_tasks(cfg: FileTasksConfig) -> TaskSet:
     """`jsonl`: one task per line (see `agentenv.tasks.loaders.load_jsonl`)."""
     from agentenv.tasks.loaders import load_jsonl
 
-    train = load_jsonl(cfg.path, system_prompt=cfg.system_prompt)
-    return TaskSet(train, load_jsonl(cfg.eval_path, system_prompt=cfg.system_prompt) if cfg.eval_path else [])
+    return _read_files(cfg, lambda p: load_jsonl(p, system_prompt=cfg.system_prompt))
 
 
 def parquet_tasks(cfg: FileTasksConfig) -> TaskSet:
     """`parquet`: verl/ARPO parquet files (see `agentenv.tasks.loaders.load_verl_parquet`)."""
     from agentenv.tasks.loaders import load_verl_parquet
 
-    def load(path: str) -> list[Task]:
+    def load(path: Path) -> list[Task]:
         tasks = load_verl_parquet(path)
         if cfg.system_prompt is None:
             return tasks
@@ -152,7 +170,7 @@ def parquet_tasks(cfg: FileTasksConfig) -> TaskSet:
             for t in tasks
         ]
 
-    return TaskSet(load(cfg.path), load(cfg.eval_path) if cfg.eval_path else [])
+    return _read_files(cfg, load)
 
 
 # --------------------------------------------------------------------------- any dataset through `datasets`

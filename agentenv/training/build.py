@@ -6,14 +6,69 @@ heavy is imported here, inside functions, when a config asks for it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from agentenv.configs import RunConfig
 from agentenv.envs.config import AgentEnvConfig
+from agentenv.errors import ConfigError
 from agentenv.policies.backends import build_policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.tasks.sources import TaskSet
+
+
+_CLOSE_TIMEOUT_S = 120.0
+"""Bound on closing one prototype tool (a sandbox pool removes its containers)."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line (library errors can run to pages), or its type."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Make `trainer.output_dir` and prove it writable, before minutes of model loading.
+
+    Raises:
+        ConfigError: It is a file, or cannot be created or written.
+    """
+    out = Path(path)
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except FileExistsError:
+        raise ConfigError("trainer.output_dir", f"{str(out)!r} is a file, not a folder") from None
+    except OSError as e:
+        raise ConfigError("trainer.output_dir", f"{str(out)!r} is not writable ({e.strerror or e})") from None
+
+
+def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -> None:
+    """Every prompt must leave the policy room in `env.max_context_tokens`.
+
+    Otherwise every such episode fails at its reset, and a run whose prompts
+    are all too long would "finish" having learned nothing.
+
+    Raises:
+        ConfigError: (`env.max_context_tokens`) with the longest prompt's task and size.
+    """
+    from agentenv.tasks.prompts import render_prompt
+
+    longest, worst = 0, None
+    for task in [*tasks.train, *tasks.heldout]:
+        n = len(render_prompt(tokenizer, task.messages))
+        if n > longest:
+            longest, worst = n, task
+    if worst is not None and longest >= max_context_tokens:
+        raise ConfigError(
+            "env.max_context_tokens",
+            f"{max_context_tokens} leaves no room for the policy: task {worst.id!r} has a {longest}-token prompt; "
+            f"raise env.max_context_tokens above {longest} plus room for the answer (policy.max_turn_tokens)",
+        )
 
 
 def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
@@ -47,8 +102,10 @@ class Runtime:
     extras: dict[str, Any] = field(default_factory=dict)
 
     async def aclose(self) -> None:
+        from agentenv.envs.results import close_tool
+
         for tool in self.tools.values():
-            await tool.aclose()
+            await close_tool(tool, _CLOSE_TIMEOUT_S)
         close = getattr(self.policy, "aclose", None) or getattr(self.policy, "close", None)
         if close is not None:
             res = close()
@@ -61,8 +118,12 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     from transformers import AutoTokenizer
 
     path = model_path or resolve_model_path(cfg.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:  # no such hub id, no tokenizer files, offline
+        raise ConfigError("model.path", f"cannot load a tokenizer from {path!r}: {first_line(e)}") from None
     tasks = cfg.env.tasks.load()
+    check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
     tools = build_tools(cfg.env)
     policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
     return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))

@@ -1,57 +1,255 @@
-"""Checkpoints: model, optimizer, scheduler, RNG states and the data cursor.
+"""Checkpoints: model, optimizer, scheduler, RNG states and the data cursor, complete or absent.
 
-A checkpoint directory is complete only once its `trainer_state.json` exists
-(written last, atomically), so a run killed while saving resumes from the
-previous complete one.
+A checkpoint is written into a staging folder (`checkpoints/.tmp-step_000042`),
+gets a manifest of every file's size and SHA-256, and is renamed to
+`step_000042` only then: a `step_*` folder is always a whole checkpoint, and a
+run killed while saving leaves only a staging folder (removed by the next
+save). Resume verifies the manifest (and that the RNG states unpickle into RNG
+states) and falls back to the newest intact checkpoint, saying which it skipped
+and why. The logs are cut back to the checkpoint's step, so a resumed run's
+`metrics.jsonl` and `batches.jsonl` read like an uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+STAGING_PREFIX = ".tmp-"
+RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
+"""What accelerate's `random_states_<rank>.pkl` must hold (it ignores a file that does not, silently)."""
 
 
-def checkpoint_dir(output_dir: Path, step: int) -> Path:
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:06d}"
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under output_dir, or None."""
+def staging_dir(output_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written before it is renamed into place."""
+    return Path(output_dir) / "checkpoints" / f"{STAGING_PREFIX}step_{step:06d}"
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Renamed (or pre-manifest) checkpoints, oldest first."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / STATE_FILE).exists())
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / STATE_FILE).exists())
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under output_dir (not verified; see `find_resumable`), or None."""
+    done = complete_checkpoints(output_dir)
     return done[-1] if done else None
 
 
 def write_state(ckpt: Path, state: dict[str, Any]) -> None:
-    tmp = ckpt / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, ckpt / STATE_FILE)
+    (Path(ckpt) / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
     return json.loads((Path(ckpt) / STATE_FILE).read_text())
 
 
-def prune(output_dir: Path, keep: int) -> None:
-    """Remove all but the `keep` newest complete checkpoints, and any incomplete older ones."""
+def begin(output_dir: str | Path, step: int) -> Path:
+    """An empty staging folder for `step` (a killed run's leftover is removed)."""
+    staging = staging_dir(output_dir, step)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def finalize(staging: Path, final: Path) -> None:
+    """Write the manifest, flush everything to disk, and rename `staging` to `final` (atomic)."""
+    files = _files(staging)
+    manifest = {"files": {rel: {"bytes": size, "sha256": digest} for rel, size, digest in _hash_all(staging, files)}}
+    (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    for rel in [*files, MANIFEST_FILE]:
+        _fsync(staging / rel)
+    for d in {staging / rel for rel in files} | {staging / MANIFEST_FILE}:
+        _fsync_dir(d.parent)
+    if final.exists():  # a checkpoint of this step from before a resume that went back past it
+        trash = final.with_name(f"{STAGING_PREFIX}old-{final.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
+
+
+def verify(ckpt: Path) -> str | None:
+    """Why `ckpt` cannot be resumed from, or None when it is intact.
+
+    Checks every file of the manifest (present, size, SHA-256), that the
+    trainer state parses, and that the RNG states unpickle into RNG states.
+    A checkpoint from before manifests is checked by loading its files.
+    """
+    ckpt = Path(ckpt)
+    try:
+        state = read_state(ckpt)
+        if not isinstance(state.get("step"), int) or "stream" not in state:
+            return f"{STATE_FILE} lacks the step or the data cursor"
+    except (OSError, ValueError) as e:
+        return f"{STATE_FILE} is unreadable ({type(e).__name__}: {e})"
+    manifest_path = ckpt / MANIFEST_FILE
+    if manifest_path.exists():
+        reason = _check_manifest(ckpt, manifest_path)
+    else:
+        reason = _check_loadable(ckpt)
+    return reason or _check_rng(ckpt)
+
+
+def find_resumable(output_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest intact checkpoint, and the newer ones skipped with the reason each is unusable."""
+    skipped: list[tuple[Path, str]] = []
+    for ckpt in reversed(complete_checkpoints(output_dir)):
+        reason = verify(ckpt)
+        if reason is None:
+            return ckpt, skipped
+        skipped.append((ckpt, reason))
+    return None, skipped
+
+
+def prune(output_dir: str | Path, keep: int) -> None:
+    """Keep the `keep` newest checkpoints; remove older ones and staging leftovers of killed saves."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return
-    dirs = sorted(p for p in root.iterdir() if p.name.startswith("step_"))
-    complete = [p for p in dirs if (p / STATE_FILE).exists()]
-    keep_set = set(complete[-keep:]) if keep > 0 else set()
-    newest = complete[-1] if complete else None
-    for p in dirs:
-        if p in keep_set:
-            continue
-        # an incomplete dir newer than the newest complete one may be being written
-        if newest is not None and p.name > newest.name and p not in complete:
-            continue
+    for p in root.iterdir():
+        if p.name.startswith(STAGING_PREFIX):
+            shutil.rmtree(p, ignore_errors=True)
+    done = complete_checkpoints(output_dir)
+    for p in done[: max(0, len(done) - keep)]:
         shutil.rmtree(p, ignore_errors=True)
+
+
+LOGS = ("metrics.jsonl", "batches.jsonl")
+
+
+def truncate_logs(output_dir: str | Path, step: int, names: tuple[str, ...] = LOGS) -> None:
+    """Cut JSONL logs back to what an uninterrupted run had written when it saved checkpoint `step`.
+
+    Kept: records of steps before `step`, and the first record of `step`
+    itself (the step's own, logged before its checkpoint); an eval record of
+    the same step and every later step go, as does a line a kill cut short.
+    With `step` 0 nothing is kept: the resumed run starts over, its initial
+    evaluation included. Each file is replaced atomically.
+    """
+    for name in names:
+        path = Path(output_dir) / name
+        if not path.exists():
+            continue
+        kept, seen = [], False
+        for line in path.read_text().splitlines():
+            try:
+                rec_step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # torn by a kill
+            if step > 0 and (rec_step < step or (rec_step == step and not seen)):
+                kept.append(line)
+                seen = seen or rec_step == step
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- helpers
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _hash_all(root: Path, files: list[str]) -> list[tuple[str, int, str]]:
+    # hashlib releases the GIL on large buffers: files hash in parallel
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(lambda rel: _sha256(root / rel), files))
+    return [(rel, (root / rel).stat().st_size, d) for rel, d in zip(files, digests)]
+
+
+def _check_manifest(ckpt: Path, manifest_path: Path) -> str | None:
+    try:
+        entries = json.loads(manifest_path.read_text())["files"]
+        expected = {rel: (int(e["bytes"]), str(e["sha256"])) for rel, e in entries.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MANIFEST_FILE} is unreadable ({type(e).__name__}: {e})"
+    missing = [rel for rel in expected if not (ckpt / rel).is_file()]
+    if missing:
+        return f"{missing[0]} is missing"
+    for rel, (size, _) in expected.items():
+        actual = (ckpt / rel).stat().st_size
+        if actual != size:
+            return f"{rel} has {actual} bytes, the manifest says {size} (truncated or overwritten)"
+    for rel, size, digest in _hash_all(ckpt, sorted(expected)):
+        if digest != expected[rel][1]:
+            return f"{rel} does not match its SHA-256 in the manifest (corrupt)"
+    return None
+
+
+def _check_loadable(ckpt: Path) -> str | None:
+    """A checkpoint without a manifest: every weight and state file must load."""
+    import torch
+    from safetensors import safe_open
+
+    for path in sorted(ckpt.rglob("*")):
+        rel = path.relative_to(ckpt)
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as f:
+                    for key in f.keys():
+                        f.get_slice(key)
+            elif path.suffix in (".bin", ".pkl", ".pt"):
+                torch.load(path, map_location="cpu", weights_only=False)
+            elif path.suffix == ".json":
+                json.loads(path.read_text())
+        except Exception as e:  # noqa: BLE001 - safetensors, pickle and torch raise many kinds
+            return f"{rel} does not load ({type(e).__name__}: {str(e)[:200]})"
+    return None
+
+
+def _check_rng(ckpt: Path) -> str | None:
+    import torch
+
+    for path in sorted(ckpt.glob("random_states_*.pkl")):
+        try:
+            states = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            return f"{path.name} does not unpickle ({type(e).__name__}: {str(e)[:200]})"
+        ok = (
+            isinstance(states, dict)
+            and isinstance(states.get("random_state"), tuple)
+            and isinstance(states.get("numpy_random_seed"), tuple)
+            and isinstance(states.get("torch_manual_seed"), torch.Tensor)
+            and states["torch_manual_seed"].dtype == torch.uint8
+        )
+        if not ok:
+            return f"{path.name} holds no valid RNG states {list(RNG_KEYS)} (accelerate would skip them silently)"
+    return None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:  # some filesystems cannot fsync a directory
+        pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -10,11 +11,31 @@ from typing import Any, Mapping
 
 from agentenv.configs import LoggingConfig
 
+log = logging.getLogger(__name__)
+
 
 class MetricsLogger:
-    """Writes one record per step. Only the main process should own one."""
+    """Writes one record per step. Only the main process should own one.
 
-    def __init__(self, out_dir: Path, cfg: LoggingConfig, run_config: Mapping[str, Any] | None = None):
+    A value that is not finite (a NaN loss) is never dropped: JSONL writes it
+    as `null` and names it under `"nonfinite"` (`read_metrics` gives it back as
+    NaN), TensorBoard and W&B get the NaN itself, and a warning says so.
+
+    Args:
+        out_dir: The run's folder.
+        cfg: Which sinks.
+        run_config: Logged to W&B.
+        purge_step: On resume, TensorBoard events from this step on are
+            discarded (the resumed run writes them again).
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        cfg: LoggingConfig,
+        run_config: Mapping[str, Any] | None = None,
+        purge_step: int | None = None,
+    ):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
@@ -23,7 +44,7 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge_step)
         self._wandb = None
         if cfg.wandb:
             try:
@@ -33,16 +54,22 @@ class MetricsLogger:
             self._wandb = wandb.init(project=cfg.wandb_project, config=dict(run_config or {}), dir=str(self.out_dir))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        bad = sorted(k for k, v in values.items() if not math.isfinite(v))
+        if bad:
+            log.warning("step %d: non-finite metrics %s", step, ", ".join(f"{k}={values[k]}" for k in bad))
         if self._jsonl:
-            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+            record = {"step": step, "time": time.time(), **{k: (v if k not in bad else None) for k, v in values.items()}}
+            if bad:
+                record["nonfinite"] = bad
+            self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         if self._tb:
-            for k, v in clean.items():
+            for k, v in values.items():
                 self._tb.add_scalar(k, v, step)
             self._tb.flush()
         if self._wandb:
-            self._wandb.log(clean, step=step)
+            self._wandb.log(values, step=step)
 
     def close(self) -> None:
         if self._jsonl:
@@ -54,5 +81,9 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    """The records of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a metrics.jsonl file (non-finite values as NaN)."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for rec in records:
+        for k in rec.pop("nonfinite", ()):
+            rec[k] = math.nan
+    return records

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,17 +26,22 @@ import torch
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import RunConfig
+from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
 from agentenv.rollout import derive_seed
+from agentenv.rollout.engine import failed_group
 from agentenv.tasks.task import balanced_subset
 from agentenv.training import checkpoint as ckpt
 from agentenv.training.batching import chunks, collate
-from agentenv.training.build import Runtime, build_runtime
+from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line
 from agentenv.training.data import TaskStream
+from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,30 +72,45 @@ class Trainer:
         tc = cfg.trainer
         world = self.acc.num_processes
         if tc.tasks_per_step % world or tc.mini_batch_tasks % world:
-            raise ValueError(
-                f"trainer.tasks_per_step {tc.tasks_per_step} and trainer.mini_batch_tasks {tc.mini_batch_tasks} "
-                f"must be divisible by the number of processes {world}"
+            raise ConfigError(
+                "trainer.tasks_per_step",
+                f"{tc.tasks_per_step} and trainer.mini_batch_tasks {tc.mini_batch_tasks} "
+                f"must be divisible by the number of processes {world}",
             )
         set_seed(tc.seed)
         self.out = Path(tc.output_dir)
+        check_output_dir(self.out)  # before minutes of model loading
         self.loop = asyncio.new_event_loop()
 
         model_path = resolve_model_path(cfg.model.path) if self.acc.is_main_process else None
         self.acc.wait_for_everyone()
         model_path = model_path or resolve_model_path(cfg.model.path)
-        self.rt = runtime or build_runtime(cfg, model_path)
+        rank = self.acc.process_index
+        self.engine_log = EngineLog(
+            None if cfg.logging.verbose else self.out / ("engine.log" if rank == 0 else f"engine.rank{rank}.log")
+        )
+        if self.engine_log.path is not None and self.acc.is_main_process:
+            print(f"[train] engine output: {self.engine_log.path} (logging.verbose=true shows it here)",
+                  file=sys.stderr, flush=True)
+        dtype = getattr(torch, cfg.model.dtype)
+        # The engine's start and the models' loading print pages of logs and progress bars: to the engine log.
+        with self.engine_log.capture():
+            self.rt = runtime or build_runtime(cfg, model_path)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    "model.path", f"cannot load a model from {self.rt.model_path!r}: {first_line(e)}"
+                ) from None
+            self.ref_model = None
+            if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
+                self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
+                self.ref_model.requires_grad_(False)
+                self.ref_model.to(self.acc.device)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
-
-        dtype = getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.ref_model = None
-        if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
-            self.ref_model.requires_grad_(False)
-            self.ref_model.to(self.acc.device)
         opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         updates_per_step = tc.ppo_epochs * (tc.tasks_per_step // tc.mini_batch_tasks)
         total = max(1, tc.steps * updates_per_step)
@@ -97,19 +120,45 @@ class Trainer:
         self.model, self.opt, self.sched = self.acc.prepare(model, opt, sched)
         self.pad_id = self._pad_id()
         self.start_step = 0
+        self.resumed_from: Path | None = None
+        self.resume_skipped: list[tuple[Path, str]] = []  # newer checkpoints found damaged, with why
+        self._failed_streak = 0  # consecutive steps in which every trajectory failed
+        self._nonfinite_streak = 0  # consecutive steps with a non-finite loss or gradient
         if resume:
-            last = ckpt.latest_checkpoint(self.out)
-            if last is not None:
-                self.acc.load_state(str(last))
-                state = ckpt.read_state(last)
-                self.stream.load_state_dict(state["stream"])
-                self.start_step = int(state["step"])
-                self.resumed_from = last
-        self.logger = MetricsLogger(self.out, cfg.logging, cfg.to_dict()) if self.acc.is_main_process else None
+            self._resume()
+        purge = (self.start_step + 1 if self.start_step else 0) if resume else None
+        self.logger = MetricsLogger(self.out, cfg.logging, cfg.to_dict(), purge) if self.acc.is_main_process else None
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
         self.push_weights()
+
+    def _resume(self) -> None:
+        """Load the newest intact checkpoint (saying which damaged ones were skipped); cut the logs back to it."""
+        chosen = None
+        if self.acc.is_main_process:
+            chosen, self.resume_skipped = ckpt.find_resumable(self.out)
+            for path, why in self.resume_skipped:
+                log.warning("checkpoint %s cannot be resumed from: %s", path, why)
+            if chosen is not None and self.resume_skipped:
+                log.warning("resuming from the newest intact checkpoint, %s", chosen)
+            elif chosen is None:
+                log.warning("no intact checkpoint in %s: starting at step 0", self.out / "checkpoints")
+        chosen = _broadcast_path(chosen)
+        if chosen is not None:
+            try:
+                self.acc.load_state(str(chosen))
+            except Exception as e:  # verified, yet unloadable: never continue half-loaded
+                raise InfraError(
+                    f"checkpoint {chosen} passed verification but did not load ({type(e).__name__}: {e}); "
+                    "move it aside to resume from an older one"
+                ) from e
+            state = ckpt.read_state(chosen)
+            self.stream.load_state_dict(state["stream"])
+            self.start_step = int(state["step"])
+            self.resumed_from = chosen
+        if self.acc.is_main_process:
+            ckpt.truncate_logs(self.out, self.start_step)
 
     # ------------------------------------------------------------------ helpers
     def _pad_id(self) -> int:
@@ -129,13 +178,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     async def rollout(self, tasks: list[Any], step: int, indices: list[int]) -> list[Group]:
-        """One group per task; task `indices` (positions in the global batch) seed the samples."""
+        """One group per task; task `indices` (positions in the global batch) seed the samples.
+
+        A trajectory that is late or breaks is recorded as failed by the
+        sampler, and the step goes on with the rest; a sampler that raises
+        loses its own group (all failed), never the step.
+        """
         sampler = self.algorithm.sampler(self.cfg.rollout)  # bounds each trajectory and the step's concurrency
         params = self.cfg.policy.sampling_params()
 
         async def one(j: int, task: Any) -> Group:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j])
-            return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
+            try:
+                return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
+            except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (DESIGN: rollout)
+                return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
 
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
@@ -158,6 +215,7 @@ class Trainer:
         mine = tasks[rank::world]
         groups = self.run(self.rollout(mine, step, list(range(rank, len(tasks), world))))
         self.last_batch_ids = [t.id for t in tasks]
+        self.last_errors = Counter(t.error or "unknown error" for g in groups for t in g if t.failed)
         t_roll = time.perf_counter() - t0
 
         trajs, advs, group_of = [], [], []
@@ -178,6 +236,7 @@ class Trainer:
         group_idx = torch.tensor(group_of)
         loss_metrics: list[dict[str, float]] = []
         grad_norms: list[float] = []
+        skipped = 0  # updates whose gradient norm was not finite
         for _ in range(tc.ppo_epochs):
             for g0 in range(0, len(groups), tasks_per_mb):
                 rows = torch.nonzero((group_idx >= g0) & (group_idx < g0 + tasks_per_mb)).flatten()
@@ -193,12 +252,18 @@ class Trainer:
                         self.acc.backward(loss / len(micro))
                     loss_metrics.append(m)
                 if self.acc.sync_gradients:
-                    gn = self.acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
-                    grad_norms.append(float(gn))
+                    gn = float(self.acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
+                    grad_norms.append(gn)
+                    if not math.isfinite(gn):  # the same on every rank: gradients are all-reduced
+                        skipped += 1  # a NaN/inf step would poison the weights and the optimizer's moments
+                        self.opt.zero_grad(set_to_none=True)
+                        continue
                 self.opt.step()
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
-        self.push_weights()
+        weights_ok = self._weights_finite()
+        if weights_ok:
+            self.push_weights()
         t_total = time.perf_counter() - t0
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
@@ -208,9 +273,55 @@ class Trainer:
                 "time/step_s": t_total,
                 "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
                 "train/lr": float(self.sched.get_last_lr()[0]),
+                "train/skipped_updates": float(skipped),
+                "train/weights_finite": float(weights_ok),
             }
         )
         return metrics
+
+    def _weights_finite(self) -> bool:
+        """Every parameter finite, on every rank (one reduced flag; shards are checked where they live)."""
+        bad = sum(int(not torch.isfinite(p).all()) for p in self.model.parameters())
+        flag = torch.tensor([float(bad)], device=self.acc.device)
+        return float(self.acc.reduce(flag, reduction="sum").item()) == 0.0
+
+    def check_health(self, step: int, metrics: dict[str, float]) -> None:
+        """Stop a run that can no longer learn, with the reason; called after each step is logged.
+
+        Raises:
+            TrainingStopped: Every trajectory failed in `trainer.max_failed_steps`
+                consecutive steps; the loss or gradient was not finite in
+                `trainer.nonfinite_patience` consecutive steps; or the weights
+                are no longer finite (at once: nothing after this can be saved).
+        """
+        tc = self.cfg.trainer
+        last = ckpt.latest_checkpoint(self.out)
+        saved = f"the last checkpoint is {last}" if last is not None else "no checkpoint was written"
+        if not metrics["train/weights_finite"]:
+            raise TrainingStopped(
+                f"the weights stopped being finite at step {step} (trainer.lr={tc.lr:g}, trainer.max_grad_norm="
+                f"{tc.max_grad_norm:g}); lower trainer.lr. Nothing was saved from this step; {saved}"
+            )
+        n = metrics["rollout/trajectories"]
+        all_failed = n > 0 and metrics["rollout/failed"] >= n
+        self._failed_streak = self._failed_streak + 1 if all_failed else 0
+        if self._failed_streak >= tc.max_failed_steps:
+            common = self.last_errors.most_common(1)
+            why = f"{common[0][0]!r} ({common[0][1]} of {sum(self.last_errors.values())})" if common else "unknown"
+            raise TrainingStopped(
+                f"every trajectory failed in {self._failed_streak} consecutive steps (up to step {step}; "
+                f"trainer.max_failed_steps={tc.max_failed_steps}). Most common error on this process: {why}. "
+                f"Fix its cause, or raise trainer.max_failed_steps to ride out a longer outage; {saved}"
+            )
+        loss_keys = [k for k in metrics if k.startswith("train/") and "loss" in k]
+        nonfinite = metrics["train/skipped_updates"] > 0 or any(not math.isfinite(metrics[k]) for k in loss_keys)
+        self._nonfinite_streak = self._nonfinite_streak + 1 if nonfinite else 0
+        if self._nonfinite_streak >= tc.nonfinite_patience:
+            raise TrainingStopped(
+                f"the loss or gradient norm was not finite in {self._nonfinite_streak} consecutive steps (up to step "
+                f"{step}; trainer.nonfinite_patience={tc.nonfinite_patience}); their updates were skipped. "
+                f"Lower trainer.lr ({tc.lr:g}) or check the data; {saved}"
+            )
 
     def step_metrics(self, groups: list[Group], batch: TrainBatch, loss_metrics: list[dict[str, float]]) -> dict[str, float]:
         """Sums reduced across ranks, then turned into means."""
@@ -249,6 +360,7 @@ class Trainer:
             "rollout/tool_calls_per_traj": total["tool_calls"] / n,
             "rollout/gen_tokens_per_group": total["gen_tokens"] / max(total["n_groups"], 1.0),
             "rollout/failed": total["failed"],
+            "rollout/trajectories": total["n_traj"],
             "rollout/entropy": total["entropy_sum"] / max(total["entropy_n"], 1.0),
             "train/logprob_gap_mean": total["gap_sum"] / max(total["gap_n"], 1.0),
             "train/logprob_gap_max": float(gap_max.item()),
@@ -275,17 +387,23 @@ class Trainer:
         return report
 
     def save(self, step: int) -> Path:
-        d = ckpt.checkpoint_dir(self.out, step)
-        self.acc.wait_for_everyone()
-        self.acc.save_state(str(d))
+        """Write checkpoint `step` into a staging folder, then rename it into place (complete or absent)."""
+        final = ckpt.checkpoint_dir(self.out, step)
+        staging = ckpt.staging_dir(self.out, step)
         if self.acc.is_main_process:
-            model_dir = d / "model"
+            ckpt.begin(self.out, step)
+        self.acc.wait_for_everyone()
+        self.acc.save_state(str(staging))
+        self.acc.wait_for_everyone()  # every rank's RNG state is written
+        if self.acc.is_main_process:
+            model_dir = staging / "model"
             self.unwrapped().save_pretrained(model_dir, safe_serialization=True)
             self.rt.tokenizer.save_pretrained(model_dir)
-            ckpt.write_state(d, {"step": step, "stream": self.stream.state_dict(), "time": time.time()})
+            ckpt.write_state(staging, {"step": step, "stream": self.stream.state_dict(), "time": time.time()})
+            ckpt.finalize(staging, final)
             ckpt.prune(self.out, self.cfg.trainer.keep_checkpoints)
         self.acc.wait_for_everyone()
-        return d
+        return final
 
     # ------------------------------------------------------------------ loop
     def train(self) -> TrainResult:
@@ -311,6 +429,7 @@ class Trainer:
                         self.logger.log(done, metrics)
                         with (self.out / "batches.jsonl").open("a") as f:
                             f.write(json.dumps({"step": done, "tasks": self.last_batch_ids}) + "\n")
+                    self.check_health(done, metrics)  # before a checkpoint could save what is broken
                     if done % tc.checkpoint_every == 0 or done == tc.steps:
                         self.save(done)
                     progress.update(
@@ -332,6 +451,16 @@ class Trainer:
         if not self.loop.is_closed():
             self.run(self.rt.aclose())
             self.loop.close()
+        self.engine_log.close()  # after the engine's shutdown, which logs too
+
+
+def _broadcast_path(path: Path | None) -> Path | None:
+    """The main process's choice, on every rank (ranks must resume from the same checkpoint)."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [str(path) if path is not None else None]
+    broadcast_object_list(box)
+    return Path(box[0]) if box[0] is not None else None
 
 
 class _null:

@@ -148,10 +148,34 @@ def test_context_budget(tok, task, enc):
 
 def test_turn_filling_the_context_truncates(tok, task, enc):
     prompt_len = len(render_prompt(tok, task.messages))
+    turn = enc("<think>a long thought</think><search>q</search>")
+    env = make_env(tok, max_context_tokens=prompt_len + len(turn), max_result_tokens=4)
+    env.reset(options={"task": task})
+    _, _, _, trunc, info = env.step(turn)
+    assert trunc and info["finish_reason"] == "context" and env.trajectory().tool_calls == {}
+
+
+def test_a_turn_beyond_the_context_budget_is_refused(tok, task, enc):
+    """A policy must generate within `remaining_tokens`; a longer action is a caller's bug, refused before any change."""
+    prompt_len = len(render_prompt(tok, task.messages))
     env = make_env(tok, max_context_tokens=prompt_len + 5, max_result_tokens=4)
     env.reset(options={"task": task})
-    _, _, _, trunc, info = env.step(enc("<think>a long thought that does not fit</think><search>q</search>"))
-    assert trunc and info["finish_reason"] == "context" and env.trajectory().tool_calls == {}
+    with pytest.raises(ValueError, match=r"has \d+ tokens but only 5 remain .*max_context_tokens"):
+        env.step(enc("<think>a long thought that does not fit</think><search>q</search>"))
+    assert env.context == render_prompt(tok, task.messages) and not env.done  # nothing was appended
+
+
+@pytest.mark.parametrize(
+    "action",
+    [[1.7, 2.2], np.array([3.0, 4.0]), [[5, 6], [7, 8]], np.array([[5, 6]]), [True, False], ["5", "6"]],
+    ids=["floats", "float-array", "nested", "2-D array", "bools", "strings"],
+)
+def test_float_or_nested_actions_are_refused(tok, task, action):
+    env = make_env(tok)
+    env.reset(options={"task": task})
+    with pytest.raises(ValueError, match="flat sequence of token ids|must be integers"):
+        env.step(action)
+    assert env.context == render_prompt(tok, task.messages)
 
 
 def test_prompt_too_long_is_a_config_error(tok, task):
@@ -335,3 +359,23 @@ def test_tool_call_format_is_a_registered_part(tok, task, enc):
     assert tok.decode(obs) == "<obs>echo: hi</obs>" and env.stop_strings == ("</search>", "</answer>")
     with pytest.raises(ConfigError, match=r"env\.tool_format: unknown tool-call format 'tagz'\. Did you mean 'tags'"):
         AgentEnv([], tok, config={"tool_format": "tagz"})
+
+
+def test_the_reward_reads_no_tool_text_whatever_the_format(tok, task, enc):
+    from agentenv.envs.formats import TagFormat, register_tool_format
+    from agentenv.envs.results import ResultFormatter
+
+    class AnswerInResults(TagFormat):
+        """A format whose every result holds a correct, well-formed answer."""
+
+        def result_formatter(self, tokenizer, template, marker):
+            return ResultFormatter(tokenizer, "<answer>\\boxed{42}</answer>{text}", marker)
+
+    register_tool_format("test_answer_in_results", AnswerInResults, overwrite=True)
+    env = AgentEnv([EchoTool("search")], tok, config={"tool_format": "test_answer_in_results"})
+    env.reset(options={"task": task})
+    obs, *_ = env.step(enc("<search>hi</search>"))
+    assert "<answer>\\boxed{42}</answer>" in tok.decode(obs)
+    _, r, term, _, info = env.step([tok.eos_token_id])
+    assert term and r == -1.0 and not info["reward"]["correct"] and not info["reward"]["format_ok"]
+    assert env.policy_text() == "<search>hi</search>\n"  # its turns only, each decoded alone

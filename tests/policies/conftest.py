@@ -63,3 +63,35 @@ def small_policy(small_tokenizer):
 
     model = make_small_model(len(small_tokenizer))
     return HFPolicy(HFPolicyConfig(model="<in-memory>", device="cpu"), model=model, tokenizer=small_tokenizer)
+
+
+@pytest.fixture
+def outlived():
+    """`outlived(procs, timeout_s)`: pids of the psutil processes still running after `timeout_s`;
+    those are killed before it returns, so none is left to the rest of the suite."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    def running(procs) -> list[int]:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def check(procs, timeout_s: float) -> list[int]:
+        deadline = time.monotonic() + timeout_s
+        while running(procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = running(procs)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        return left
+
+    return check

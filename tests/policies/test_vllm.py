@@ -100,8 +100,7 @@ def policy(served):
         enforce_eager=True,
         cpu_kvcache_space_gib=1,
         block_size=32,
-        entropy_mode="topk",
-        entropy_topk=20,
+        entropy_topk=20,  # entropy_mode: exact (in the engine), the default
     )
     try:
         pol = make_vllm_policy(cfg)
@@ -141,12 +140,13 @@ def test_is_a_policy(policy):
     assert policy.vocab_size == len(policy.tokenizer)
 
 
+@pytest.mark.parametrize("mode", ["exact", "full"])  # computed in the engine / from all V logprobs sent here
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
-async def test_logprobs_and_exact_entropies_match_hf(policy, hf_policy, temperature):
+async def test_logprobs_and_exact_entropies_match_hf(policy, hf_policy, temperature, mode):
     prompts = _prompts(policy.tokenizer)
     gens = await asyncio.gather(
         *(
-            policy.generate(p, SamplingParams(max_tokens=24, temperature=temperature, seed=i), entropy_mode="exact")
+            policy.generate(p, SamplingParams(max_tokens=24, temperature=temperature, seed=i), entropy_mode=mode)
             for i, p in enumerate(prompts)
         )
     )
@@ -169,7 +169,7 @@ async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
     k = policy.config.entropy_topk
     for i, p in enumerate(_prompts(policy.tokenizer)):
         params = SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i)
-        topk = await policy.generate(p, params)
+        topk = await policy.generate(p, params, entropy_mode="topk")
         exact = await policy.generate(p, params, entropy_mode="exact")
         assert topk.token_ids == exact.token_ids  # same seed, same logits: same sample
         np.testing.assert_allclose(topk.logprobs, exact.logprobs, atol=1e-6)
@@ -188,6 +188,60 @@ async def test_topk_entropy_within_its_stated_bound(policy, hf_policy):
         assert (np.abs(h_topk - h_exact) <= bounds.max_error + TOL).all()
         worst = max(worst, float(np.abs(h_topk - h_exact).max()))
     print(f"top-20 entropy: worst |error| {worst:.4f} nats")
+
+
+async def test_in_engine_entropy_in_a_mixed_batch_with_cached_prefixes(policy, hf_policy):
+    """One continuous batch: every entropy mode, greedy and sampled rows, prompts sharing a cached prefix.
+
+    The rank slot that carries the in-engine entropy sits beside other rows' top-k and full
+    columns; seeded rows sample the same tokens whatever their mode, and the in-engine entropy
+    equals both vLLM's full-vocabulary one and the hf backend's.
+    """
+    prefix = _random_prompt(41, 70, policy.vocab_size)
+    await policy.generate(prefix, SamplingParams(max_tokens=1))  # the prefix is now cached
+    policy.reset_metrics()
+    prompts = [prefix + _random_prompt(50 + i, 3, policy.vocab_size) for i in range(3)]
+    modes = ["exact", "topk", "full", "none"]
+    temps = [0.0, 0.7, 1.0]
+    calls = [(p, t, m) for p, t in zip(prompts, temps) for m in modes]
+    gens = await asyncio.gather(
+        *(policy.generate(p, SamplingParams(max_tokens=20, temperature=t, seed=7), entropy_mode=m) for p, t, m in calls)
+    )
+    assert policy.metrics()["cached_prompt_tokens"] >= len(calls) * 64  # 2 blocks of 32 from the cache
+    by = {(tuple(p), m): g for (p, _, m), g in zip(calls, gens)}
+    for p, t in zip(prompts, temps):
+        exact, full = by[tuple(p), "exact"], by[tuple(p), "full"]
+        for m in modes:
+            assert by[tuple(p), m].token_ids == exact.token_ids  # same seed: same sample in every mode
+            np.testing.assert_allclose(by[tuple(p), m].logprobs, exact.logprobs, atol=1e-6)
+        np.testing.assert_allclose(exact.entropies, full.entropies, atol=1e-5)
+        assert np.isnan(by[tuple(p), "none"].entropies).all()
+        lp, ent = _score(hf_policy.model, p, exact.token_ids, t)
+        np.testing.assert_allclose(exact.logprobs, lp, atol=TOL)
+        np.testing.assert_allclose(exact.entropies, ent, atol=TOL)
+
+
+async def test_in_engine_entropy_is_of_the_truncated_distribution(policy, hf_policy):
+    """With top-k, the token is drawn from the k most likely tokens renormalized; the logprob and the
+    entropy describe that distribution (vLLM's processed logprobs), not the untruncated one hf reports."""
+    prompt = _random_prompt(5, 12, policy.vocab_size)
+    k, t = 5, 1.0
+    params = SamplingParams(max_tokens=16, temperature=t, top_k=k, seed=3)
+    exact = await policy.generate(prompt, params)
+    full = await policy.generate(prompt, params, entropy_mode="full")
+    assert exact.token_ids == full.token_ids
+    np.testing.assert_allclose(exact.entropies, full.entropies, atol=1e-5)
+    ids = torch.tensor([prompt + exact.token_ids])
+    with torch.no_grad():
+        logits = hf_policy.model(ids).logits[0, len(prompt) - 1 : -1].float() / t  # (n, V)
+    kth = logits.topk(k, -1).values[:, -1:]  # (n, 1)
+    truncated = torch.log_softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+    p = truncated.exp()
+    want = -torch.where(p > 0, p * truncated, torch.zeros_like(p)).sum(-1)
+    np.testing.assert_allclose(exact.entropies, want.numpy(), atol=TOL)
+    assert (want <= np.log(k) + 1e-6).all()
+    _, untruncated = _score(hf_policy.model, prompt, exact.token_ids, t)
+    assert np.abs(np.asarray(exact.entropies) - untruncated).max() > 0.05  # truncation shows
 
 
 def test_greedy_tokens_and_length_finish_match_hf(policy, hf_policy):
@@ -359,13 +413,12 @@ if __name__ == "__main__":
 """
 
 
-def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path):
+def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path, outlived):
     """A trainer killed with SIGKILL runs no cleanup; its vLLM engine must not live on as orphans."""
     import os
     import signal
     import subprocess
     import sys
-    import time
 
     import psutil
 
@@ -386,20 +439,5 @@ def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
-    def running() -> list[int]:
-        out = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    deadline = time.monotonic() + 60
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = running()
-    for pid in left:  # do not leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
+    left = outlived(procs, 60)
     assert not left, f"engine processes outlived their owner: {left}"

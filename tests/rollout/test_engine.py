@@ -1,6 +1,7 @@
 """Rollout engine: episodes as coroutines, seeds, failures recorded, and the Episode building blocks."""
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -131,9 +132,9 @@ async def test_timeouts_are_recorded_as_failures(tok, task):
     )
     assert traj.failed and "timed out after 0.05 s" in traj.error
     pol = ScriptedPolicy(tok, ["<search>q</search>"] * 3 + ["<answer>\\boxed{1}</answer>"])
-    slow = env_factory(tok, lambda i: [SleepTool("search", 0.2)])()
-    traj = await run_episode(pol, slow, task, SamplingParams(), seed=0, config=RolloutConfig(episode_timeout_s=0.3))
-    assert traj.failed and "episode timed out after 0.3 s" in traj.error and traj.finish_reason == "error"
+    slow = env_factory(tok, lambda i: [SleepTool("search", 0.5)])()
+    traj = await run_episode(pol, slow, task, SamplingParams(), seed=0, config=RolloutConfig(episode_timeout_s=1.0))
+    assert traj.failed and "episode timed out after 1 s" in traj.error and traj.finish_reason == "error"
 
 
 async def test_make_env_failure_is_a_failed_trajectory(tok, task):
@@ -189,6 +190,11 @@ def test_config_and_seeds():
         RolloutConfig(generation_timeout_s=0)
     with pytest.raises(ConfigError, match="rollout.episode_timeout_s"):
         RolloutConfig(episode_timeout_s=-1)
+    with pytest.raises(ConfigError, match=r"rollout\.episode_timeout_s: must be a finite number >= 1, got 0.5"):
+        RolloutConfig(episode_timeout_s=0.5)  # no trajectory could finish
+    with pytest.raises(ConfigError, match="rollout.generation_timeout_s"):
+        RolloutConfig(generation_timeout_s=math.inf)
+    assert RolloutConfig(generation_timeout_s=600, episode_timeout_s=20).generation_limit_s == 20
     with pytest.raises(ConfigError, match="rollout.max_concurrency"):
         RolloutConfig(max_concurrency=0)
     assert derive_seed(1, 2) == derive_seed(1, 2) != derive_seed(2, 1)

@@ -93,7 +93,8 @@ def test_tags_balanced():
     assert tags_balanced("<think>a<search>q</search>") == "think"
     assert tags_balanced("</search><search>") == "search"
     assert tags_balanced("<python>a<python>b</python></python>") == "python"
-    assert tags_balanced("<result>x</result></result>") == "result"
+    assert tags_balanced("<answer>x</answer></answer>") == "answer"
+    assert tags_balanced("<result>x</result></result>", tags=("result",)) == "result"
 
 
 @pytest.mark.parametrize(
@@ -101,7 +102,10 @@ def test_tags_balanced():
     [
         ("<think>x</think><answer>\\boxed{1}</answer>", "ok"),
         ("<think>x<answer>\\boxed{1}</answer>", "unbalanced <think> tags"),
-        ("<think>x</think><search>q</search><result>\nr\n<answer>\\boxed{1}</answer>", "unbalanced <result> tags"),
+        ("<think>x</think><search>q</search>\n<answer>\\boxed{1}</answer>", "ok"),  # results are not the policy's
+        ("<think>x</think><search>q</search><result>\nr\n</result><answer>\\boxed{1}</answer>",
+         "the policy wrote a <result> tag (results come from tools)"),  # a forged result
+        ("<think>x</think><search>q<answer>\\boxed{1}</answer>", "unbalanced <search> tags"),
         ("<think>x</think> \\boxed{1}", "no <answer>...</answer>"),
         ("<answer>1</answer>", "no \\boxed{} in the answer"),
         ("<answer>\\boxed{ }</answer>", "no \\boxed{} in the answer"),
@@ -202,9 +206,7 @@ def test_reference_turns_of_toy_tasks_score_full():
     suite = build_toy_suite(ToyConfig(n_arith_train=3, n_twohop_train=3, n_both_train=3))
     for t in suite.train:
         sol = t.metadata["solution"]
-        turns = reference_turns(t)
-        results = [f"<result>\n{s['expect']}\n</result>" for s in sol]
-        text = "".join(x for pair in zip(turns, [*results, ""]) for x in pair)
+        text = "\n".join(reference_turns(t))  # what the policy writes; the results are the env's
         calls = {"search": sum(s["tool"] == "search" for s in sol), "python": sum(s["tool"] == "python" for s in sol)}
         r = arpo_reward(text, t, calls)
         assert r.correct and r.score == pytest.approx(1.1 if t.metadata["kind"] == "both" else 1.0), (t.id, r)

@@ -85,7 +85,12 @@ def test_jsonl_and_parquet_sources(tmp_path):
     assert out.train[0].ground_truth == "4" and out.train[0].messages[0]["content"] == "Be brief." and len(out.heldout) == 1
     verl = tasks({"source": "parquet", "path": "/work/shared/data/arpo/valid.parquet", "limit": 5})
     assert len(verl.train) == 5 and verl.train[0].metadata["source"] == "verl"
-    with pytest.raises(ConfigError, match=r"env\.tasks: source 'jsonl' failed: .*nope\.jsonl"):
+    with pytest.raises(ConfigError, match=r"env\.tasks\.path: '.*nope\.jsonl' does not exist"):
         tasks({"source": "jsonl", "path": str(tmp_path / "nope.jsonl")})
+    with pytest.raises(ConfigError, match=r"env\.tasks\.eval_path: '.*' is a folder, not a file"):
+        tasks({"source": "parquet", "path": "/work/shared/data/arpo/valid.parquet", "eval_path": str(tmp_path)})
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(ConfigError, match=r"env\.tasks\.path: '.*bad\.jsonl' cannot be read as tasks: .*not valid JSON"):
+        tasks({"source": "jsonl", "path": str(tmp_path / "bad.jsonl")})
     with pytest.raises(ConfigError, match=r"env\.tasks\.pth: unknown key .*did you mean 'path'"):
         tasks({"source": "jsonl", "pth": "x"})

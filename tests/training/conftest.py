@@ -34,3 +34,9 @@ def fast_overrides(tmp_path, tiny_model_path):
 @pytest.fixture
 def fast_config(fast_overrides) -> RunConfig:
     return config_from_dict({}, fast_overrides)
+
+
+@pytest.fixture(scope="module")
+def fast_module_overrides(tmp_path_factory, tiny_model_path):
+    """`FAST` with an output folder shared by one test module (for runs made once and reused)."""
+    return FAST + [f"trainer.output_dir={tmp_path_factory.mktemp('run') / 'run'}"]

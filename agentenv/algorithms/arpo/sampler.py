@@ -29,7 +29,7 @@ from typing import Any
 
 from agentenv.algorithms.arpo.branching import entropy_scale, should_branch, window_entropy
 from agentenv.algorithms.arpo.config import ARPOConfig
-from agentenv.rollout.engine import Episode, RolloutConfig, derive_seed
+from agentenv.rollout.engine import Episode, RolloutConfig, close_quietly, derive_seed, play_to_end
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
 
@@ -164,32 +164,19 @@ class _Tree:
     # ---- one path ------------------------------------------------------
 
     async def _run(self, path: _Path, order: int, fresh: bool) -> None:
+        """Play the path to its end within its own deadline; a failure becomes a failed trajectory."""
         try:
             async with self.in_flight:
-                traj = await self._finish(path, fresh)
-        except BaseException:  # cancelled: still close the path's tools (a live session)
-            await _close(path.episode)
-            raise
-        error = await _close(path.episode)
+                traj = await play_to_end(
+                    path.episode, self.task, self.rollout.episode_timeout_s, fresh=fresh, play=lambda: self._play(path)
+                )
+        finally:
+            # Also on a real cancellation: a session tool holds a live container process.
+            error = await close_quietly(path.episode)
         if error:
             traj.info["close_error"] = error
         traj.info["arpo"] = {"role": path.role, "path": path.label, "h_initial": path.h_initial, "probes": path.probes}
         self.results.append((order, traj))
-
-    async def _finish(self, path: _Path, fresh: bool) -> Trajectory:
-        """Play the path to its end; a failure becomes a failed trajectory, never an exception."""
-        ep = path.episode
-        try:
-            async with asyncio.timeout(self.rollout.episode_timeout_s):
-                if fresh:
-                    ep.reset(self.task)
-                await self._play(path)
-            return ep.trajectory()
-        except TimeoutError as e:
-            msg = f"TimeoutError: path timed out after {self.rollout.episode_timeout_s:g} s"
-            return ep.failed_trajectory(self.task, e if str(e) else msg)
-        except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
-            return ep.failed_trajectory(self.task, e)
 
     async def _play(self, path: _Path) -> None:
         ep = path.episode
@@ -285,15 +272,6 @@ def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...]
                 return gen
             return Generation(gen.token_ids[:end], gen.logprobs[:end], gen.entropies[:end], "stop", stop_string=hit)
     return gen
-
-
-async def _close(ep: Episode) -> str | None:
-    """Close an episode's tools; the error's message when closing failed."""
-    try:
-        await ep.aclose()
-    except Exception as e:  # noqa: BLE001 - a close error is logged on the trajectory
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _failed_root(task: Task, role: str, label: str, seed: int, error: BaseException) -> Trajectory:

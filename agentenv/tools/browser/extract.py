@@ -26,6 +26,9 @@ _SNIFF_TYPES = {"", "application/octet-stream", "binary/octet-stream", "applicat
 _CATCH_ALL = {"ascii"} | {f"iso8859-{i}" for i in range(1, 17)} | {f"cp125{i}" for i in range(0, 9)}
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 _BLANKS = re.compile(r"\n{3,}")
+# Text codecs that are not document charsets (see `_codec`); utf-16/utf-32 with a BOM are read before.
+_NOT_CHARSETS = {"punycode", "idna", "utf-7", "undefined", "unicode-escape", "raw-unicode-escape", "charmap", "utf-32"}
+_WHATWG_ALIASES = {"utf-16": "utf-16-le"}
 
 PDF_INSTALL_HINT = "PDF reading is not installed on this browser (an operator can `pip install 'agentenv[pdf]'`)"
 
@@ -48,7 +51,7 @@ def extract_page(raw: RawPage, full_extraction_max_bytes: int) -> Page:
     """Turn a fetched body into a `Page`.
 
     Raises:
-        PageError: The body is binary, an unreadable PDF, or has no text.
+        PageError: The body is binary, an unreadable PDF, cannot be decoded, or has no text.
     """
     kind = classify(raw.content_type)
     if kind == "sniff":
@@ -59,11 +62,16 @@ def extract_page(raw: RawPage, full_extraction_max_bytes: int) -> Page:
         title, text = _pdf(raw)
         encoding = None
     else:
-        text, encoding = decode_body(raw.body, raw.charset, html=kind == "html")
-        if kind == "html":
-            title, text = html_to_text(text, raw.final_url, fast=len(raw.body) > full_extraction_max_bytes)
-        else:
-            title = ""
+        try:
+            text, encoding = decode_body(raw.body, raw.charset, html=kind == "html")
+            if kind == "html":
+                title, text = html_to_text(text, raw.final_url, fast=len(raw.body) > full_extraction_max_bytes)
+            else:
+                title = ""
+        except Exception as e:  # noqa: BLE001 - a hostile page is the page's fault: a result, never a crash
+            raise PageError(
+                "undecodable", f"the page {raw.final_url} could not be decoded as text ({type(e).__name__}: {e})"
+            ) from None
     text = _BLANKS.sub("\n\n", text).strip()
     if not text:
         raise PageError("empty", f"the page {raw.final_url} has no readable text")
@@ -91,8 +99,8 @@ def decode_body(body: bytes, declared: str | None, html: bool = False) -> tuple[
     """Decode with the declared charset when it fits the bytes, else detect it.
 
     Order: byte-order mark; the declared charset (HTTP header, then for HTML a
-    `<meta charset>`) unless it is a single-byte charset while the bytes are
-    valid UTF-8; UTF-8; charset-normalizer's guess; UTF-8 with replacement.
+    `<meta charset>`) unless it is a single-byte charset (or UTF-16 while the
+    bytes hold no NUL) and the bytes are valid UTF-8; UTF-8; charset-normalizer's guess; UTF-8 with replacement.
 
     Returns:
         (text, codec name used)
@@ -109,7 +117,8 @@ def decode_body(body: bytes, declared: str | None, html: bool = False) -> tuple[
         codec = _codec(name)
         if codec is None:
             continue
-        if codec in _CATCH_ALL and utf8 is not None:
+        if utf8 is not None and (codec in _CATCH_ALL or (codec.startswith("utf-16") and b"\x00" not in body)):
+            # UTF-16 of any Latin text is full of NUL bytes; bytes without one that are valid UTF-8 are UTF-8.
             return utf8, "utf-8"
         text = _try(body, codec)
         if text is not None:
@@ -206,20 +215,32 @@ def _detect(body: bytes) -> str | None:
 
 
 def _codec(name: str | None) -> str | None:
+    """The Python codec a declared charset names, if it is a charset a page can be written in.
+
+    A page picks the name, so it must not pick any codec: `zlib`, `bz2` or
+    `base64` would run a decompressor or a transform on the body (`zlib` without
+    a size limit), and `punycode`, `idna`, `utf-7` or `unicode_escape` are text
+    codecs no web page is written in. Like browsers (WHATWG Encoding), `utf-16`
+    without a byte-order mark means UTF-16LE; `utf-32` has no web meaning.
+    """
     if not name:
         return None
     try:
-        return codecs.lookup(name.strip().strip("'\"")).name
-    except LookupError:
+        info = codecs.lookup(name.strip().strip("'\""))
+    except (LookupError, ValueError, TypeError):  # ValueError: a name with NUL in it
         return None
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_CHARSETS:
+        return None
+    return _WHATWG_ALIASES.get(info.name, info.name)
 
 
 def _try(body: bytes, codec: str) -> str | None:
     """Strict decode, except that an incomplete character at the very end is dropped
-    (a body cut at the size cap, or a sniffing sample, may end mid-character)."""
+    (a body cut at the size cap, or a sniffing sample, may end mid-character).
+    Any failure of the codec is a non-match, never an exception."""
     try:
         return codecs.getincrementaldecoder(codec)().decode(body, final=False)
-    except (UnicodeDecodeError, LookupError):
+    except Exception:  # noqa: BLE001 - UnicodeError, or whatever a codec raises on hostile bytes
         return None
 
 

@@ -13,6 +13,7 @@ import asyncio
 import re
 import time
 
+from agentenv.errors import ToolError
 from agentenv.tools.base import Tool
 from agentenv.tools.browser.page import PageError
 from agentenv.tools.browser.tool import BrowserTool
@@ -34,9 +35,11 @@ def split_pages(text: str) -> list[tuple[str, str]]:
 class FollowSearchTool:
     """Search, then browse the top results with the search query as the goal.
 
-    A page that cannot be opened keeps its snippet (with the reason); results
-    below `top_k` keep their snippets. When the search result has no urls
-    (a local corpus), it is returned unchanged with `metadata["followed"] = 0`.
+    A page that cannot be opened, for whatever reason of its own, keeps its
+    snippet (with the reason); only an infrastructure fault (`ToolError`: the
+    summarizer or the cache) fails the call. Results below `top_k` keep their
+    snippets. When the search result has no urls (a local corpus), it is
+    returned unchanged with `metadata["followed"] = 0`.
 
     Args:
         search: Any search tool (its `name` is kept, so the agent still writes `<search>`).
@@ -93,6 +96,10 @@ class FollowSearchTool:
             d = await self.browser.digest(url, goal, passage_chars=chars)
         except PageError as e:
             return str(e), False, False
+        except ToolError:
+            raise  # the summarizer or the cache is down: no page can be read, so the call fails
+        except Exception as e:  # noqa: BLE001 - one hostile page must not fail the whole search
+            return f"the page could not be read ({type(e).__name__}: {e})", False, False
         return d.body, True, d.metadata["summarized"]
 
     def fork(self) -> "FollowSearchTool":

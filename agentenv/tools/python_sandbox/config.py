@@ -48,11 +48,16 @@ class PythonSandboxConfig:
             many times `memory_mb`, so a huge allocation fails at once with a
             MemoryError instead of an OOM kill after a second of thrashing;
             0 turns the cap off.
-        pids_limit: Most processes (threads included) in one container.
+        pids_limit: Most processes (threads included) of one stateless call, or
+            of one session with its forks (RLIMIT_NPROC of the episode's uid). The
+            container's limit is derived: `container_pids_limit`.
+        sessions_per_container: Most sessions (each with its forks) one
+            container holds at once, stateless calls on a session-mode pool
+            included; an open that finds every container full waits up to
+            `start_timeout_s` for a slot.
         cpus: CPU quota of each container, in cores.
         workdir_size_mb: Size of the writable tmpfs work dir (`/work`); it
             counts against `memory_mb`.
-        user: uid:gid the runner and the code run as (65534 = nobody).
         output_head_bytes: Bytes kept from the start of stdout and of stderr.
         output_tail_bytes: Bytes kept from the end of stdout and of stderr
             (the traceback tail survives the cut).
@@ -66,7 +71,8 @@ class PythonSandboxConfig:
             and sympy functions does not pay for their lazy set-up.
         print_last_expr: Print the value of a trailing expression, as a
             notebook does (the ARPO paper's tool does too).
-        start_timeout_s: Most time a new container may take to answer.
+        start_timeout_s: Most time a new container may take to answer, and a
+            new session may wait for a free slot.
         docker_timeout_s: Timeout of one Docker API request.
         label: Label key every container carries; `close` and the next start
             remove containers carrying it.
@@ -83,9 +89,9 @@ class PythonSandboxConfig:
     memory_mb: int = 512
     address_space_factor: float = 2.0
     pids_limit: int = 64
+    sessions_per_container: int = 16
     cpus: float = 1.0
     workdir_size_mb: int = 64
-    user: str = "65534:65534"
     output_head_bytes: int = 4096
     output_tail_bytes: int = 4096
     output_limit_bytes: int = 16 * _MiB
@@ -104,7 +110,8 @@ class PythonSandboxConfig:
             raise ConfigError(f"{_KEY}.mode", f"must be 'stateless' or 'session', got {self.mode!r}")
         _positive_int("pool_size", self.pool_size, lo=1, hi=256)
         _positive_int("memory_mb", self.memory_mb, lo=64)
-        _positive_int("pids_limit", self.pids_limit, lo=8)
+        _positive_int("pids_limit", self.pids_limit, lo=8, hi=4096)
+        _positive_int("sessions_per_container", self.sessions_per_container, lo=1, hi=256)
         _positive_int("workdir_size_mb", self.workdir_size_mb, lo=1)
         _positive_int("output_head_bytes", self.output_head_bytes, lo=0)
         _positive_int("output_tail_bytes", self.output_tail_bytes, lo=0)
@@ -134,8 +141,6 @@ class PythonSandboxConfig:
                 f"{_KEY}.workdir_size_mb",
                 f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",  # noqa: E501
             )
-        if not re.fullmatch(r"\d+:\d+", str(self.user)) or self.user.split(":")[0] == "0":
-            raise ConfigError(f"{_KEY}.user", f"must be a non-root 'uid:gid' pair, got {self.user!r}")
         if isinstance(self.preload, str):
             object.__setattr__(self, "preload", (self.preload,))
         else:
@@ -149,6 +154,11 @@ class PythonSandboxConfig:
     @property
     def memory_bytes(self) -> int:
         return self.memory_mb * _MiB
+
+    @property
+    def container_pids_limit(self) -> int:
+        """Room for every episode a container holds at its own limit, a standby and the runner's own."""
+        return self.pids_limit * (self.sessions_per_container + 2) + 16
 
 
 def _positive_int(key: str, value: object, *, lo: int, hi: int | None = None) -> None:

@@ -5,6 +5,23 @@ one docker attach stream per container, one JSON object per line each way. A
 call costs one write and one read on a socket the pool already holds (no
 `docker exec`, no process start on the host).
 
+Isolation: inside a container every stateless call and every session runs
+under a uid of its own, forked from a clean template, and nothing of it
+outlives its call; `runner.py`'s docstring holds the threat model and how each
+boundary is enforced. The host's side of it: containers run the runner as root
+with six capabilities under no-new-privileges, no network, a read-only root,
+a private /work (0711) with a bounded number of files, IPC-namespace limits on
+SysV and POSIX IPC memory, a pids limit sized for `sessions_per_container`
+episodes of `pids_limit` processes each, and a capped Docker log. Nothing that
+comes out of a container is trusted: every reply is type-checked
+(`ExecResult.from_reply`) and a wrong value becomes an error result.
+
+Healing: a container that dies (or is killed from outside) is replaced at
+once, and one that stops answering (frozen, stuck) is replaced when a call
+passes its timeout by 1 s and the runner does not answer a ping within 0.5 s; replacement
+retries while the pool is open, so the pool stays at `pool_size` while the
+daemon answers. Sessions on a replaced container report `SessionLost`.
+
 The pool does its I/O on its own event loop in a background thread, so it
 can be used from any event loop (or none), and `SandboxSession.fork()` can be
 synchronous without blocking on the runner: frames to one container are sent
@@ -21,15 +38,17 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from typing import Any
 
+from agentenv._reaper import reap_containers_on_exit
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import SETUP_HINT, docker_client, require_image
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig
@@ -37,10 +56,26 @@ from agentenv.tools.python_sandbox.config import PythonSandboxConfig
 log = logging.getLogger(__name__)
 
 _STREAM_LIMIT = 64 * 1024 * 1024  # one reply line holds at most ~2 x (head + tail) of text, JSON-escaped
-# A runner that has not answered timeout_s + this after a call is considered hung and its container
-# replaced. The runner enforces every call's deadline itself, so this only catches a runner that is
-# truly stuck (calls answer within timeout + 2 s even with both cores busy).
-_GUARD_S = 10.0
+# The runner enforces every call's deadline itself. A reply missing at timeout + _GUARD_S makes the
+# pool ping the runner: no answer within _PING_S (a frozen or stuck container) and the container is
+# replaced, so a call answers within timeout + 1.5 s. A runner that answers pings is only slow and is
+# waited for, up to timeout + _HARD_S (so an early guard costs a ping, never a container).
+_GUARD_S = 1.0
+_PING_S = 0.5
+_HARD_S = 60.0
+_OPEN_S = 5.0  # an open or fork answers in milliseconds; past this the runner is pinged
+# What the runner keeps of root: chown/search/remove episode directories, kill any uid, switch uids.
+RUNNER_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID")
+_WORK_INODES = 16384  # files in /work: removing a call's directory never stalls the runner long
+# IPC-namespace limits: SysV segments, queues and POSIX queues are memory no call may hoard.
+_IPC_SYSCTLS = {
+    "kernel.shmmax": str(16 << 20),
+    "kernel.shmall": str((16 << 20) // 4096),
+    "kernel.shmmni": "64",
+    "kernel.msgmni": "32",
+    "fs.mqueue.queues_max": "64",
+}
+_LOG_CONFIG = {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}}
 
 
 @dataclass
@@ -90,23 +125,50 @@ class ExecResult:
         )
 
     @classmethod
-    def from_reply(cls, reply: dict[str, Any], container: str) -> "ExecResult":
-        return cls(
-            stdout=reply.get("stdout", ""),
-            stderr=reply.get("stderr", ""),
-            exit_code=reply.get("exit"),
-            signal=reply.get("signal"),
-            timed_out=bool(reply.get("timed_out")),
-            oom=bool(reply.get("oom")),
-            output_limit=bool(reply.get("output_limit")),
-            error=reply.get("error"),
-            duration_s=float(reply.get("duration", 0.0)),
-            stdout_bytes=int(reply.get("stdout_bytes", 0)),
-            stderr_bytes=int(reply.get("stderr_bytes", 0)),
-            rolled_back=bool(reply.get("rolled_back")),
-            session_lost=bool(reply.get("session_lost")),
-            container=container,
-        )
+    def from_reply(cls, reply: Any, container: str) -> "ExecResult":
+        """The result a runner reply describes. Any field of the wrong type (the reply
+        comes from inside the container) makes it an error result, never an exception."""
+        if not isinstance(reply, dict):
+            return cls(error=f"the sandbox sent a malformed reply ({type(reply).__name__})", container=container)
+        if reply.get("ok") is not True:
+            fail = reply.get("fail")
+            return cls(error=fail if isinstance(fail, str) else "the sandbox refused the call", container=container)
+        values = {f.name: reply.get(key, f.default) for key, f in zip(_REPLY_KEYS, fields(cls)) if key}
+        return cls(**values, container=container).checked()
+
+    def checked(self) -> "ExecResult":
+        """This result if every field has its type, else a copy that says which do not."""
+        bad = [f.name for f in fields(self) if not _valid(getattr(self, f.name), f.type)]
+        if not bad:
+            return self
+        clean = {name: _FALLBACK[name] for name in bad}
+        clean.update(exit_code=None, error=f"the sandbox sent a malformed reply (bad {', '.join(bad)})")
+        return replace(self, **clean)
+
+
+# Reply key of each ExecResult field, in field order (container is the host's own).
+_REPLY_KEYS = (
+    "stdout", "stderr", "exit", "signal", "timed_out", "oom", "output_limit", "error",
+    "duration", "stdout_bytes", "stderr_bytes", "rolled_back", "session_lost", None,
+)  # fmt: skip
+_FALLBACK = {f.name: f.default for f in fields(ExecResult)}
+
+
+def _valid(value: Any, kind: str) -> bool:
+    """`value` has the annotated type `kind` (bools are not ints, counts and times are >= 0)."""
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "str | None":
+        return value is None or isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind in ("int", "int | None"):
+        if value is None:
+            return kind == "int | None"
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return False
 
 
 class SessionLost(Exception):
@@ -114,6 +176,10 @@ class SessionLost(Exception):
 
 
 class _ChannelClosed(Exception):
+    pass
+
+
+class _Hung(Exception):
     pass
 
 
@@ -146,8 +212,22 @@ def _owner_alive(owner: str) -> bool:
     return _start_time(int(pid)) == start
 
 
+def _retrieve(fut: concurrent.futures.Future) -> None:
+    """Reads a future's exception nobody awaits any more (so it is not logged as lost)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class _Family:
+    """A session and the sessions forked from it: one uid inside, one slot of a container."""
+
+    def __init__(self, channel: "_Channel"):
+        self.channel = channel
+        self.members = 1
+
+
 class _Channel:
-    """One container: its docker attach stream, its pending requests, its sessions."""
+    """One container: its docker attach stream, its pending requests, what it holds."""
 
     def __init__(self, container_id: str, keep: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.id = container_id
@@ -155,13 +235,19 @@ class _Channel:
         self._keep = keep  # the SDK's socket wrapper (and HTTP response) must outlive the stream
         self.reader, self.writer = reader, writer
         self.ids = itertools.count(1)
-        self.pending: dict[int, asyncio.Future | concurrent.futures.Future] = {}
-        self.sessions: set[str] = set()
+        self.pending: dict[int, concurrent.futures.Future] = {}
+        self.families: set[_Family] = set()  # open sessions (with their forks)
+        self.jobs = 0  # stateless calls in flight on a session-mode pool
         self.closed = False
+        self.on_close: Any = None  # the pool's callback when the stream ends
         self.stderr_tail = b""
         self.reader_task: asyncio.Task | None = None
 
-    def send(self, msg: dict[str, Any], fut: asyncio.Future | concurrent.futures.Future) -> None:
+    @property
+    def load(self) -> int:
+        return len(self.families) + self.jobs
+
+    def send(self, msg: dict[str, Any], fut: concurrent.futures.Future) -> None:
         """Sends one request; `fut` gets the reply dict. Pool loop only."""
         if self.closed:
             _set_exc(fut, _ChannelClosed(f"container {self.short} is gone"))
@@ -194,25 +280,31 @@ class _Channel:
         try:
             reply = json.loads(line)
         except ValueError:
+            reply = None
+        rid = reply.get("id") if isinstance(reply, dict) else None
+        if not isinstance(rid, int) or isinstance(rid, bool):
             log.warning("runner %s sent a bad line: %r", self.short, line[:200])
             return
-        fut = self.pending.pop(reply.get("id"), None)
+        fut = self.pending.pop(rid, None)
         if fut is not None and not fut.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
                 fut.set_result(reply)  # the caller may cancel from its own thread meanwhile
 
     def fail_all(self, why: str) -> None:
+        first = not self.closed
         self.closed = True
         pending, self.pending = self.pending, {}
         for fut in pending.values():
             _set_exc(fut, _ChannelClosed(why))
         with contextlib.suppress(Exception):
             self.writer.close()
+        if first and self.on_close is not None:
+            self.on_close(self)
 
 
-def _set_exc(fut: asyncio.Future | concurrent.futures.Future, exc: BaseException) -> None:
+def _set_exc(fut: concurrent.futures.Future, exc: BaseException) -> None:
     if not fut.done():
-        with contextlib.suppress(concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
             fut.set_exception(exc)
 
 
@@ -229,6 +321,13 @@ class _LoopThread:
 
     def in_loop(self) -> bool:
         return threading.current_thread() is self.thread
+
+    def call(self, fn, *args) -> None:
+        """Runs `fn(*args)` in the loop: now when called from it, else soon."""
+        if self.in_loop():
+            fn(*args)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -258,9 +357,15 @@ class SandboxPool:
     Usage:
         pool = SandboxPool(cfg)
         await pool.start()                 # idempotent; ToolError if no daemon / no image
-        r = await pool.run("print(1)")     # stateless: a fresh process per call
+        r = await pool.run("print(1)")     # stateless: a fresh process (and uid) per call
         s = await pool.open_session()      # session: variables persist; s.fork() copies them
         await pool.aclose()                # removes the containers (atexit does too)
+
+    In stateless mode a container runs one call at a time. In session mode a
+    container holds up to `sessions_per_container` sessions (a fork shares its
+    session's slot) and stateless calls (`run`) take a slot while they run; an
+    `open_session` or `run` that finds every slot taken waits for one up to
+    `start_timeout_s`.
     """
 
     def __init__(self, config: PythonSandboxConfig | None = None):
@@ -269,10 +374,11 @@ class SandboxPool:
         self._client: Any = None
         self._channels: list[_Channel] = []
         self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
+        self._changed: asyncio.Event | None = None  # set (and renewed) when a slot or container frees up
         self._start_lock: asyncio.Lock | None = None
         self._started = False
         self._closed = False
-        self._broken: ToolError | None = None
+        self._broken: ToolError | None = None  # the last failure to start a container
         self._container_ids: set[str] = set()
         self._owner = _owner_id()
         self._runner_src = runner_source()
@@ -297,12 +403,12 @@ class SandboxPool:
         await self._call(self._start())
 
     async def run(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
-        """Runs `code` in a fresh process of an idle container (stateless)."""
+        """Runs `code` in a fresh process under a fresh uid (stateless), in either mode."""
         timeout = float(timeout_s or self.config.timeout_s)
         return await self._call(self._run_stateless(code, timeout))
 
     async def open_session(self) -> "SandboxSession":
-        """A new empty session on the container that holds the fewest sessions."""
+        """A new empty session on the container that holds the fewest."""
         return await self._call(self._open_session())
 
     async def aclose(self) -> None:
@@ -340,14 +446,47 @@ class SandboxPool:
     def _send(self, ch: _Channel, msg: dict[str, Any]) -> concurrent.futures.Future:
         """Queues one frame to `ch` in submission order; the future gets the reply. Any thread."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        if self._io.in_loop():
-            ch.send(msg, fut)
-        else:
-            self._io.loop.call_soon_threadsafe(ch.send, msg, fut)
+        self._io.call(ch.send, msg, fut)
         return fut
+
+    async def _await_reply(self, ch: _Channel, fut: concurrent.futures.Future, budget: float) -> Any:
+        """The reply to a request that should come within `budget` s. Any loop.
+
+        Raises:
+            _ChannelClosed: the container died (it is being replaced).
+            _Hung: the runner stopped answering; its container is being replaced.
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + budget + _HARD_S
+        wait = budget + _GUARD_S
+        reply = asyncio.wrap_future(fut)
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(reply), wait)
+            except asyncio.TimeoutError:
+                pass
+            if loop.time() > end or not await self._alive(ch):
+                reply.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self._io.call(self._replace, ch)
+                raise _Hung(f"container {ch.short} stopped answering")
+            wait = _GUARD_S
+
+    async def _alive(self, ch: _Channel) -> bool:
+        """Whether the runner answers a ping within _PING_S."""
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._send(ch, {"op": "ping"})), _PING_S)
+            return True
+        except (asyncio.TimeoutError, _ChannelClosed):
+            return False
 
     async def _blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def _notify(self) -> None:
+        """Wakes whoever waits for a slot or a container. Pool loop only."""
+        if self._changed is not None:
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
 
     async def _start(self) -> None:
         if self._closed:
@@ -355,6 +494,7 @@ class SandboxPool:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
             self._idle = asyncio.LifoQueue()  # the container used last is the warmest
+            self._changed = asyncio.Event()
         async with self._start_lock:
             if self._started:
                 return
@@ -362,27 +502,34 @@ class SandboxPool:
             self._client = await self._blocking(docker_client, cfg.docker_timeout_s)
             await self._blocking(require_image, self._client, cfg.image)
             await self._blocking(self._remove_orphans)
+            # Ours go with this process even if it is SIGKILLed (not only at the next start).
+            await self._blocking(reap_containers_on_exit, f"{cfg.label}.owner={self._owner}")
             channels = await asyncio.gather(
                 *(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True
             )
             errors = [c for c in channels if isinstance(c, BaseException)]
-            for ch in channels:
-                if isinstance(ch, _Channel):
-                    self._add(ch)
             if errors:
-                for ch in self._channels:
-                    ch.fail_all("the sandbox pool failed to start")
-                self._channels = []
-                self._idle = asyncio.LifoQueue()  # the container used last is the warmest
+                for ch in channels:
+                    if isinstance(ch, _Channel):
+                        ch.fail_all("the sandbox pool failed to start")
                 await self._blocking(self._remove_containers_blocking)
                 err = errors[0]
                 raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
+            for ch in channels:
+                self._add(ch)
             self._started = True
 
     def _add(self, ch: _Channel) -> None:
+        ch.on_close = self._on_channel_closed
         self._channels.append(ch)
         if self.config.mode == "stateless":
             self._idle.put_nowait(ch)
+        self._notify()
+
+    def _on_channel_closed(self, ch: _Channel) -> None:
+        """A container's stream ended (it died or was killed): start its successor now."""
+        if ch in self._channels:
+            self._replace(ch)
 
     def _remove_orphans(self) -> None:
         """Removes labelled containers whose owner process (on this host) is dead."""
@@ -399,33 +546,30 @@ class SandboxPool:
         cfg = self.config
         import docker
 
-        uid, gid = cfg.user.split(":")
         host = self._client.api.create_host_config(
             network_mode="none",
             mem_limit=cfg.memory_bytes,
             memswap_limit=cfg.memory_bytes,  # no swap: the limit is the limit
-            pids_limit=cfg.pids_limit,
+            pids_limit=cfg.container_pids_limit,
             nano_cpus=int(cfg.cpus * 1e9),
             read_only=True,
-            tmpfs={"/work": f"rw,nosuid,nodev,size={cfg.workdir_size_mb}m,uid={uid},gid={gid},mode=0700"},
+            tmpfs={"/work": f"rw,nosuid,nodev,size={cfg.workdir_size_mb}m,nr_inodes={_WORK_INODES},mode=0711"},
             cap_drop=["ALL"],
+            cap_add=list(RUNNER_CAPS),
             security_opt=["no-new-privileges"],
             shm_size=16 * 1024 * 1024,
+            sysctls=dict(_IPC_SYSCTLS),
+            log_config=docker.types.LogConfig(**_LOG_CONFIG),
             ulimits=[
                 docker.types.Ulimit(name="nofile", soft=1024, hard=1024),
                 docker.types.Ulimit(name="core", soft=0, hard=0),
             ],
         )
+        opts = {"preload": cfg.preload, "warmup": cfg.warmup, "nproc": cfg.pids_limit}
         created = self._client.api.create_container(
             cfg.image,
-            command=[
-                "python3",
-                "-I",
-                "-c",
-                self._runner_src,
-                json.dumps({"preload": cfg.preload, "warmup": cfg.warmup}),
-            ],
-            user=cfg.user,
+            command=["python3", "-I", "-c", self._runner_src, json.dumps(opts)],
+            user="0:0",  # the runner only: every call drops to a uid of its own
             stdin_open=True,
             tty=False,
             working_dir="/work",
@@ -465,11 +609,14 @@ class SandboxPool:
         reader, writer = await asyncio.open_connection(sock=sock, limit=_STREAM_LIMIT)
         ch = _Channel(cid, keep, reader, writer)
         ch.reader_task = asyncio.get_running_loop().create_task(ch.read_loop())
-        fut = asyncio.get_running_loop().create_future()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
         ch.send({"op": "hello"}, fut)
         try:
-            hello = await asyncio.wait_for(fut, self.config.start_timeout_s)
+            hello = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.start_timeout_s)
+            if not isinstance(hello, dict) or hello.get("ok") is not True:
+                raise _ChannelClosed(f"bad hello {hello!r:.200}")
         except (asyncio.TimeoutError, _ChannelClosed) as e:
+            ch.fail_all("no hello")
             tail = ch.stderr_tail.decode("utf-8", "replace").strip()
             await self._blocking(self._remove_blocking, cid)
             why = f"{type(e).__name__}: {tail[-800:] or 'no output'}"
@@ -481,79 +628,126 @@ class SandboxPool:
         return ch
 
     def _replace(self, ch: _Channel) -> None:
-        """Drops a dead or hung container and starts another in the background."""
-        if ch in self._channels:
-            self._channels.remove(ch)
+        """Drops a dead or hung container and starts another (retrying while the pool is open). Pool loop."""
+        if ch not in self._channels:
+            return  # replaced already
+        self._channels.remove(ch)
         ch.fail_all(f"container {ch.short} was replaced")
         loop = asyncio.get_running_loop()
         loop.run_in_executor(None, self._remove_blocking, ch.id)
         if self._closed:
             return
         self._replacing += 1
+        loop.create_task(self._replace_later())
 
-        async def replace() -> None:
-            try:
-                self._add(await self._new_channel())
-            except Exception as e:
-                self._broken = e if isinstance(e, ToolError) else ToolError(f"sandbox container failed to start: {e}")
-                if self._idle is not None:
-                    self._idle.put_nowait(None)  # wake waiters so they raise
-            finally:
-                self._replacing -= 1
+    async def _replace_later(self) -> None:
+        delay = 0.5
+        try:
+            while not self._closed:
+                try:
+                    ch = await self._new_channel()
+                except Exception as e:
+                    self._broken = e if isinstance(e, ToolError) else ToolError(f"sandbox container failed to start: {e}")
+                    log.warning("could not replace a sandbox container (retrying in %.1f s): %s", delay, e)
+                    if self._idle is not None:
+                        self._idle.put_nowait(None)  # wake stateless waiters so they can raise
+                    self._notify()
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 30.0)
+                    continue
+                if self._closed:
+                    ch.fail_all("the sandbox pool is closed")
+                    await self._blocking(self._remove_blocking, ch.id)
+                    return
+                self._broken = None
+                self._add(ch)
+                return
+        finally:
+            self._replacing -= 1
 
-        loop.create_task(replace())
+    def _no_container(self) -> ToolError | None:
+        """The error to raise when no live container is left and the last start failed."""
+        if self._broken is not None and not any(not c.closed for c in self._channels):
+            return self._broken
+        return None
 
     async def _lease(self) -> _Channel:
         while True:
-            if self._broken is not None and not any(not c.closed for c in self._channels) and not self._replacing:
-                raise self._broken
+            if (err := self._no_container()) is not None:
+                raise err
             ch = await self._idle.get()
             if ch is None:
-                if self._broken is not None:
+                if (err := self._no_container()) is not None:
                     self._idle.put_nowait(None)
-                    raise self._broken
+                    raise err
                 continue
             if ch.closed or ch not in self._channels:
-                if ch in self._channels:
-                    self._replace(ch)
-                continue
+                continue  # its successor is (or will be) in the queue
             return ch
+
+    async def _place(self) -> _Channel:
+        """The live container with the fewest sessions and calls, once one has room.
+        Its load must be counted before the next await, so concurrent opens spread."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        end = loop.time() + cfg.start_timeout_s
+        while True:
+            live = [c for c in self._channels if not c.closed]
+            free = [c for c in live if c.load < cfg.sessions_per_container]
+            if free:
+                return min(free, key=lambda c: c.load)
+            if (err := self._no_container()) is not None:
+                raise err
+            if loop.time() >= end:
+                raise ToolError(
+                    f"no sandbox container had room for another session within {cfg.start_timeout_s:g} s: "
+                    f"{len(live)} containers x {cfg.sessions_per_container} sessions are open; close sessions "
+                    "you no longer need, or raise python_sandbox.pool_size or sessions_per_container"
+                )
+            changed = self._changed
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), end - loop.time())
 
     async def _run_stateless(self, code: str, timeout: float) -> ExecResult:
         await self._start()
+        msg = self._run_msg(code, timeout)
+        if self.config.mode == "session":
+            ch = await self._place()
+            ch.jobs += 1
+            try:
+                return await self._exec(ch, msg, timeout)
+            finally:
+                ch.jobs -= 1
+                self._notify()
         ch = await self._lease()
-        fut = asyncio.get_running_loop().create_future()
-        ch.send(self._run_msg(code, timeout), fut)
+        fut = self._send(ch, msg)
         try:
-            reply = await asyncio.wait_for(asyncio.shield(fut), timeout + _GUARD_S)
-        except asyncio.TimeoutError:
-            # The shielded reply future fails with _ChannelClosed once the channel is replaced:
-            # nobody waits for it any more, so retrieve that exception instead of logging it.
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._replace(ch)
+            result = await self._exec(ch, fut, timeout)
+        except asyncio.CancelledError:
+            # The caller gave up; the container is free again once the runner answers.
+            fut.add_done_callback(lambda f: self._io.call(self._release, ch))
+            raise
+        self._release(ch)
+        return result
+
+    async def _exec(
+        self, ch: _Channel, msg_or_fut: dict[str, Any] | concurrent.futures.Future, timeout: float
+    ) -> ExecResult:
+        """The result of a stateless call (sent now if given as a message)."""
+        fut = self._send(ch, msg_or_fut) if isinstance(msg_or_fut, dict) else msg_or_fut
+        try:
+            reply = await self._await_reply(ch, fut, timeout)
+        except _Hung:
             return ExecResult(
-                error=f"the sandbox did not answer within {timeout + _GUARD_S:.0f} s and was restarted",
+                error=f"the sandbox did not answer within {timeout + _GUARD_S + _PING_S:g} s and was restarted",
                 container=ch.short,
             )
         except _ChannelClosed:
-            self._replace(ch)
             return ExecResult(error="the sandbox container died during the call and was restarted", container=ch.short)
-        except asyncio.CancelledError:
-            # The caller gave up; the container is free again once the runner answers.
-            fut.add_done_callback(lambda f: self._release(ch))
-            raise
-        self._release(ch)
-        return (
-            ExecResult.from_reply(reply, ch.short)
-            if reply.get("ok")
-            else ExecResult(error=reply.get("fail"), container=ch.short)
-        )
+        return ExecResult.from_reply(reply, ch.short)
 
     def _release(self, ch: _Channel) -> None:
-        if ch.closed:
-            if ch in self._channels:
-                self._replace(ch)
-        elif not self._closed:
+        if not ch.closed and not self._closed and ch in self._channels:
             self._idle.put_nowait(ch)
 
     def _run_msg(self, code: str, timeout: float, sid: str | None = None) -> dict[str, Any]:
@@ -578,24 +772,31 @@ class SandboxPool:
 
     async def _open_session(self) -> "SandboxSession":
         await self._start()
-        live = [c for c in self._channels if not c.closed]
-        if not live:
-            if self._broken is not None:
-                raise self._broken
-            raise ToolError(f"the sandbox pool has no live container; {SETUP_HINT}")
-        ch = min(live, key=lambda c: len(c.sessions))
+        ch = await self._place()
+        family = _Family(ch)
+        ch.families.add(family)  # counted now: the next concurrent open sees it
         sid = uuid.uuid4().hex[:12]
-        fut = asyncio.get_running_loop().create_future()
-        ch.send({"op": "open", "sid": sid, "limits": self._limits()}, fut)
         try:
-            reply = await asyncio.wait_for(fut, self.config.start_timeout_s)
-        except (asyncio.TimeoutError, _ChannelClosed) as e:
-            self._replace(ch)
+            reply = await self._await_reply(ch, self._send(ch, {"op": "open", "sid": sid, "limits": self._limits()}), _OPEN_S)
+        except (_Hung, _ChannelClosed) as e:
+            self._leave(family)
             raise SessionLost(f"container {ch.short} did not open a session: {e}") from e
-        if not reply.get("ok"):
-            raise SessionLost(reply.get("fail", "could not open a session"))
-        ch.sessions.add(sid)
-        return SandboxSession(self, ch, sid)
+        if not isinstance(reply, dict) or reply.get("ok") is not True:
+            self._leave(family)
+            fail = reply.get("fail") if isinstance(reply, dict) else None
+            raise SessionLost(fail if isinstance(fail, str) else "could not open a session")
+        return SandboxSession(self, ch, sid, family=family)
+
+    def _join(self, family: _Family) -> None:
+        """A fork joins `family` (it holds its container's slot too). Pool loop."""
+        family.members += 1
+
+    def _leave(self, family: _Family) -> None:
+        """One session of `family` is gone; the last one frees its container's slot. Pool loop."""
+        family.members -= 1
+        if family.members <= 0:
+            family.channel.families.discard(family)
+            self._notify()
 
     async def _shutdown(self) -> None:
         self._closed = True
@@ -605,6 +806,7 @@ class SandboxPool:
         if self._idle is not None:
             self._idle.put_nowait(None)
             self._broken = self._broken or ToolError("the sandbox pool is closed")
+        self._notify()
         await self._blocking(self._remove_containers_blocking)
 
     def _remove_blocking(self, cid: str) -> None:
@@ -632,17 +834,31 @@ class SandboxSession:
 
     Calls on one session run in the order they are made. `fork()` returns at
     once: the copy is taken inside the container after the calls already
-    submitted and before any later one.
+    submitted and before any later one. A session whose container dies, or
+    whose processes are killed, raises `SessionLost`: its variables are gone.
     """
 
     def __init__(
-        self, pool: SandboxPool, channel: _Channel, sid: str, created: concurrent.futures.Future | None = None
+        self,
+        pool: SandboxPool,
+        channel: _Channel,
+        sid: str,
+        created: concurrent.futures.Future | None = None,
+        *,
+        family: _Family | None = None,
     ):
         self.pool = pool
         self.channel = channel
         self.sid = sid
         self._created = created  # the fork's reply, for sessions made by fork()
+        self._family = family
         self.closed = False
+
+    def _lost(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._family is not None:
+                self.pool._io.call(self.pool._leave, self._family)
 
     async def run(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Runs `code` as the session's next cell.
@@ -652,43 +868,45 @@ class SandboxSession:
         """
         if self.closed:
             raise SessionLost("the session is closed")
+        ch = self.channel
         timeout = float(timeout_s or self.pool.config.timeout_s)
-        fut = self.pool._send(self.channel, self.pool._run_msg(code, timeout, self.sid))
+        fut = self.pool._send(ch, self.pool._run_msg(code, timeout, self.sid))
+        # A fork that has not happened yet delays the first call; allow for the parent's call too.
+        budget = timeout + (self.pool.config.timeout_s if self._created is not None else 0.0)
         try:
-            # A fork that has not happened yet delays the first call; allow for the parent's call too.
-            budget = timeout + _GUARD_S + (self.pool.config.timeout_s if self._created is not None else 0.0)
-            reply = await asyncio.wait_for(asyncio.wrap_future(fut), budget)
+            reply = await self.pool._await_reply(ch, fut, budget)
         except _ChannelClosed as e:
-            self.closed = True
-            raise SessionLost(str(e)) from e
-        except asyncio.TimeoutError as e:
-            self.closed = True
-            self.pool._io.loop.call_soon_threadsafe(self.pool._replace, self.channel)
-            raise SessionLost(f"container {self.channel.short} stopped answering and was restarted") from e
+            self._lost()
+            raise SessionLost(f"session lost: container {ch.short} died ({e}); its variables are gone") from e
+        except _Hung as e:
+            self._lost()
+            raise SessionLost(
+                f"session lost: container {ch.short} stopped answering and was replaced; its variables are gone"
+            ) from e
         self._created = None
-        if not reply.get("ok"):
-            self.closed = True
-            raise SessionLost(reply.get("fail", "session lost"))
-        result = ExecResult.from_reply(reply, self.channel.short)
+        result = ExecResult.from_reply(reply, ch.short)
+        if not (isinstance(reply, dict) and reply.get("ok") is True):
+            self._lost()
+            raise SessionLost(result.error or "session lost")
         if result.session_lost:
-            self.closed = True
+            self._lost()
         return result
 
     def fork(self) -> "SandboxSession":
-        """An independent copy of this session's live state. Does not block."""
+        """An independent copy of this session's live state (same container, same uid). Does not block."""
         if self.closed:
             raise SessionLost("cannot fork a closed session")
         sid = uuid.uuid4().hex[:12]
         fut = self.pool._send(self.channel, {"op": "fork", "sid": self.sid, "new": sid})
-        self.channel.sessions.add(sid)
-        return SandboxSession(self.pool, self.channel, sid, created=fut)
+        if self._family is not None:
+            self.pool._io.call(self.pool._join, self._family)  # in order with a later aclose's _leave
+        return SandboxSession(self.pool, self.channel, sid, created=fut, family=self._family)
 
     async def aclose(self) -> None:
         """Kills the session's processes and frees its files."""
         if self.closed:
             return
-        self.closed = True
-        self.channel.sessions.discard(self.sid)
+        self._lost()
         if self.channel.closed:
             return
         fut = self.pool._send(self.channel, {"op": "close", "sid": self.sid})

@@ -1,40 +1,128 @@
 """The runner: PID 1 of every sandbox container. Standard library only.
 
-The host starts it as `python3 -I -c <this file's source> '{"preload": [...],
-"warmup": "..."}'` (modules imported and warm-up code run once, so forked
-calls share them). It speaks one JSON
-object per line over stdin/stdout (the docker attach stream). JSON is written
-with `ensure_ascii`, so the stream never holds a control byte that docker
-could read as its detach keys.
+The host starts it as root (six capabilities, see below) with `python3 -I -c
+<this file's source> '{"preload": [...], "warmup": "...", "nproc": N}'`:
+modules imported and warm-up code run once, so forked calls share them. It
+speaks one JSON object per line over stdin/stdout (the docker attach stream),
+written with `ensure_ascii` so the stream never holds a control byte that
+docker could read as its detach keys.
 
 Requests (each carries "id" and "op"; every request gets one reply with "id"):
-    hello {}                                     -> pid, uid, python, preloaded
+    hello {}                                     -> pid, python, preloaded, uid range
+    ping {}                                      -> ok (the host's check that the runner lives)
     run {code, timeout, print_last, limits, sid} -> the call's result
-    open {sid}                                   -> a fresh empty session
+    open {sid, limits}                           -> a fresh empty session
     fork {sid, new}                              -> session `new` = a copy of `sid`
     close {sid}                                  -> the session's processes die
 
-A stateless `run` (no sid) forks the runner: a fresh process with nothing of
-any earlier call. A session is a head process that holds the session's
-variables; each cell runs in a fork of the head (so a cell that times out or
-is killed leaves the state as it was before the cell) and the fork becomes the
-new head when the cell finishes. `fork` forks the head. Being PID 1, the
-runner cannot be killed from inside the container; it reaps orphans and kills
-processes that outlive their call ("sweep").
+Threat model
+------------
+The code a call runs ("user code") is hostile and may know this file. It may
+use every system call the container allows, run every program in the image,
+fork, start threads, read /proc, send signals, use SysV and POSIX IPC and
+sockets on the container's loopback, and fill every resource it is given.
+An *episode* is one stateless call, or one opened session together with the
+sessions forked from it. User code may never:
+  1. read or change another episode's code, output, variables or files;
+  2. signal, trace or change the limits of the runner, the zygote or another
+     episode's processes, or write into their pipes;
+  3. run after its call has answered: no process, no thread, no signal
+     handler or timer of a session runs between its calls;
+  4. leave anything to a later call: processes, files, /dev/shm entries,
+     message queues, SysV segments;
+  5. answer for a call it does not run, or take the container down;
+  6. take all of a shared resource (processes, IPC memory) from the others.
+
+How each boundary is enforced
+-----------------------------
+- One uid per episode (1, 2). The runner is root with CHOWN, DAC_OVERRIDE,
+  FOWNER, KILL, SETGID and SETUID only, under no-new-privileges. Every
+  stateless call and every opened session gets a fresh uid drawn at random
+  from the uids the container maps, no supplementary groups, and no
+  capabilities (the kernel clears them when every uid of a process turns
+  non-zero; no-new-privileges keeps setuid binaries and file capabilities
+  from giving any back). Linux lets one process signal, ptrace, prlimit or
+  open /proc/<pid>/{fd,mem,environ} of another only under the same uid (or
+  with capabilities): the runner and the zygote are root, every other
+  episode is another uid. RLIMIT_NPROC ("nproc") counts per uid, so it
+  bounds one episode's processes and threads without touching the others'.
+- Directories (1). /work is root's with mode 0711 (no listing); each episode
+  works in /work/<name>, owned by its uid, mode 0700, which is also HOME and
+  TMPDIR. The cwd is not on sys.path (`-I`), so nothing in a directory is
+  imported by name. User code runs with umask 077, and /dev/shm and
+  /dev/mqueue are sticky: nobody removes or renames another's entry, and
+  reading one needs a mode its creator chose to give.
+- A clean template (1). The runner holds every request and every output, so
+  no process that runs user code is forked from it. The *zygote* is forked
+  from the runner right after warm-up, before the first request; it only
+  ever reads "spawn uid U in directory D" orders with pipe fds, and forks
+  the processes of stateless calls and the heads of new sessions, each of
+  which drops to its uid before it reads a byte of its code.
+- End of a call (3, 4). A stateless call ends with kill(-1) sent as its uid
+  (ruid = euid = the call's uid, saved uid 0 to come back): one system call
+  that reaches every process and thread of it, forks in flight included
+  (the kernel aborts a fork whose parent has SIGKILL pending). Its SysV
+  segments are removed before the reply (a segment a dying process still
+  holds is waited for); its directory, /dev/shm and /dev/mqueue entries and
+  other SysV objects right after; every pass removes those of any uid no
+  call or session holds.
+- Sessions (3). A head process holds the variables; each cell runs in a fork
+  of the head (a cell that is killed leaves the state as it was), and the
+  fork becomes the head when the cell ends: if the cell left threads, a
+  fork of it (which copies only the calling thread) becomes the head. The
+  runner checks from /proc that the new head is one thread of the session's
+  uid, kills every other process the cell left (found by parent links; one
+  that detached is killed as soon as no call of its episode is in flight,
+  when every process of the uid but the heads dies), and stops the idle head
+  with SIGSTOP: no thread, timer or signal handler of a session runs
+  between its calls. Before it resumes a head it checks that it is still
+  one thread of the session's uid; a head that is not is killed ("session
+  lost").
+- Control messages (5). A head talks to the runner over a socketpair that
+  user code can reach (the head ran user code). The runner therefore trusts
+  only what the kernel says about a message (its sender's pid and uid, with
+  SO_PASSCRED), checks every field's type, and lets a message speak only for
+  its own session: "done" makes its sender the head (and stops it), "died"
+  counts only from the head. A cell that forges "done" answers its own call
+  early and is frozen with the rest of it killed.
+- Shared resources (6). The per-uid process limit (the container's pids
+  limit is sized for `nproc` times the episodes it holds), SysV shared
+  memory and message queues capped by the container's IPC-namespace
+  sysctls, /dev/shm's size, RLIMIT_AS per process; user code runs at nice 5
+  so the runner keeps CPU to enforce deadlines under a CPU hog.
+
+What this does not cover
+------------------------
+- Forks of a session share its uid: a fork is a copy of a process that ran
+  the session's code, only a privileged process can change its uid, and no
+  process that ran user code may hold a privilege. That code could anyway
+  leave a channel into every fork (an inherited fd, shared memory), so a
+  session and its forks (the branches of one episode) are one trust domain.
+- Episodes in one container share its CPU, memory (the OOM killer takes
+  the largest process), /work and /dev/shm space: one can slow another or
+  make its writes fail, never read or change it.
+- /proc shows every process's command line to every uid (hiding it needs
+  CAP_SYS_ADMIN): code passed as an argument (`python3 -c CODE`) is visible
+  to other episodes while that program runs. Loopback ports and abstract
+  unix sockets are shared by the container.
 """
 
 import ast
 import builtins
+import ctypes
 import fcntl
 import gc
 import io
 import json
 import linecache
 import os
+import random
+import resource
 import selectors
 import shutil
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -44,6 +132,12 @@ CELL = "<cell>"
 F_SETPIPE_SZ = 1031
 PIPE_SIZE = 1 << 20
 MSG_MAX = 1 << 16
+STATUS_MAX = 1 << 16  # a call's status line is small; more is a flood, not a status
+HANDED_OVER = 86  # a cell's exit status when a single-threaded fork of it became the head
+RECOVER_S = 1.5  # a session whose cell was killed must report within this, or it is lost
+FORK_S = 30.0  # a session fork (it copies the files) must report within this
+CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+IPC_RMID = 0
 
 
 # ----------------------------------------------------------------------------
@@ -144,8 +238,21 @@ class Capture:
         )
 
 
+def checked_status(msg):
+    """(exit_code, error) from a status a call's process wrote: it ran user code, so
+    any field of the wrong type is dropped rather than passed on to the host."""
+    exit_code = msg.get("exit") if isinstance(msg, dict) else None
+    error = msg.get("error") if isinstance(msg, dict) else None
+    if not isinstance(exit_code, int) or isinstance(exit_code, bool) or not -(1 << 31) <= exit_code < (1 << 31):
+        exit_code = None
+    error = short(error) if isinstance(error, str) else None
+    if exit_code is None and error is None:
+        error = "the call's process sent a malformed status"
+    return exit_code, error
+
+
 # ----------------------------------------------------------------------------
-# Process plumbing shared by every child.
+# Processes, uids and what they own.
 
 
 def oom_kills():
@@ -165,6 +272,206 @@ def oom_kills():
     return None
 
 
+def uid_range():
+    """The uids episodes are drawn from: inside what this container maps, far from
+    system and login uids. Without a user namespace that is [2^20, 2^30)."""
+    best = (0, 0)
+    with open("/proc/self/uid_map") as f:
+        for line in f:
+            inside, _, count = (int(v) for v in line.split())
+            lo, hi = max(inside, 10000), min(inside + count, 1 << 30) - 2  # not 65535 / -1 style ids
+            if inside + count > 1 << 20:
+                lo = max(lo, 1 << 20)
+            if hi - lo > best[1] - best[0]:
+                best = (lo, hi)
+    if best[1] - best[0] < 1024:
+        raise RuntimeError("the container maps too few uids for one uid per call: %r" % (best,))
+    return best
+
+
+def proc_status(pid):
+    """(ppid, uid, threads, state) of `pid` from /proc, or None when it is gone."""
+    try:
+        fd = os.open("/proc/%d/status" % pid, os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    ppid = uid = threads = None
+    state = b"?"
+    for line in data.split(b"\n"):
+        if line.startswith(b"State:"):
+            state = line.split()[1]
+        elif line.startswith(b"PPid:"):
+            ppid = int(line.split()[1])
+        elif line.startswith(b"Uid:"):
+            uid = int(line.split()[1])  # the real uid: what RLIMIT_NPROC and kill(-1) go by
+        elif line.startswith(b"Threads:"):
+            threads = int(line.split()[1])
+            break
+    if ppid is None or uid is None or threads is None:
+        return None
+    return ppid, uid, threads, state.decode()
+
+
+def processes():
+    """{pid: (ppid, uid, threads, state)} of every process but PID 1."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != "1":
+            st = proc_status(int(name))
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
+def kill_uid(uid):
+    """SIGKILL to every process of `uid`, in one system call.
+
+    kill(-1) reaches every process the caller may signal: with ruid = euid =
+    `uid` that is exactly the processes of `uid` (the runner keeps saved uid
+    0 to come back; meanwhile no user process may prlimit or trace it, for
+    that needs all three uids to match, and PID 1 takes no signal it does
+    not handle)."""
+    os.setresuid(uid, uid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass  # ESRCH: none left
+    finally:
+        os.setresuid(0, 0, 0)
+
+
+_libc = None
+
+
+def libc():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def sysv_objects(kinds=("shm", "msg", "sem")):
+    """[(kind, id, creator uid)] of the container's SysV segments, queues and semaphores
+    (a segment removed while attached is listed until its last process detaches)."""
+    out = []
+    for kind in kinds:
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                header = f.readline().split()
+                rows = [line.split() for line in f]
+        except OSError:
+            continue
+        try:
+            i_id, i_cuid = header.index({"shm": "shmid", "msg": "msqid", "sem": "semid"}[kind]), header.index("cuid")
+        except ValueError:
+            continue
+        out += [(kind, int(r[i_id]), int(r[i_cuid])) for r in rows if len(r) > max(i_id, i_cuid)]
+    return out
+
+
+def remove_sysv(kind, ident, cuid):
+    """IPC_RMID needs the creator's euid (or CAP_SYS_ADMIN, which the runner lacks)."""
+    os.seteuid(cuid)
+    try:
+        if kind == "shm":
+            libc().shmctl(ident, IPC_RMID, None)
+        elif kind == "msg":
+            libc().msgctl(ident, IPC_RMID, None)
+        else:
+            libc().semctl(ident, 0, IPC_RMID)
+    finally:
+        os.seteuid(0)
+
+
+def drop_sysv(uid, wait_s=0.5):
+    """Removes the SysV segments `uid` created, and waits (only if one is still attached by
+    a dying process, at most `wait_s`) until the kernel has freed them: till then another
+    uid could still attach one by its id, if its mode allowed. (Queues and semaphores go
+    at once, with the other leftovers in `clean_shared`.)"""
+    end = time.monotonic() + wait_s
+    while True:
+        mine = [obj for obj in sysv_objects(("shm",)) if obj[2] == uid]
+        if not mine or time.monotonic() > end:
+            return
+        for kind, ident, cuid in mine:
+            try:
+                remove_sysv(kind, ident, cuid)
+            except OSError:
+                pass
+        time.sleep(0.001)
+
+
+def make_dir(name, uid):
+    """/work/<name>, owned by `uid`, mode 0700: no other uid lists, reads or writes it."""
+    path = os.path.join(WORK, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.mkdir(path, 0o700)
+    os.chown(path, uid, uid)
+    return path
+
+
+def remove_path(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def reap(wake_fd):
+    """Empties a SIGCHLD wake-up pipe; returns [(pid, status)] of the children that exited."""
+    try:
+        while os.read(wake_fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        out.append((pid, status))
+    return out
+
+
+def decode_status(status):
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+def set_comm(name):
+    """Names the process in /proc (tests and `ps` tell the parts apart by it)."""
+    try:
+        libc().prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
+def set_not_dumpable():
+    """No process may ptrace us or open /proc/1/fd (our host stream); root and
+    different uids already keep user code out, this is the second lock."""
+    try:
+        libc().prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:
+        pass
+
+
+# ----------------------------------------------------------------------------
+# Plumbing shared by every child.
+
+
 def close_fds_except(keep):
     keep = sorted(set(keep) | {0, 1, 2})
     lo = 0
@@ -174,35 +481,15 @@ def close_fds_except(keep):
         lo = fd + 1
 
 
-def child_init(keep, cwd):
-    """First thing in every forked child: own signals, own fds, own directory."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    close_fds_except(keep)
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # the OOM killer takes a call's process, never the runner
-    except OSError:
-        pass
-    os.chdir(cwd)
-    os.environ["HOME"] = os.environ["TMPDIR"] = cwd
-    sys.argv = [""]
-    if sys.path[:1] != [cwd]:
-        sys.path.insert(0, cwd)
-
-
 def limit_address_space(limits):
     """Caps virtual memory so a huge allocation fails at once with MemoryError
     instead of thrashing up to the container's memory limit and an OOM kill."""
-    n = int((limits or {}).get("address_space", 0))
-    if n > 0:
-        try:
-            import resource
-
+    try:
+        n = int((limits or {}).get("address_space", 0))
+        if n > 0:
             resource.setrlimit(resource.RLIMIT_AS, (n, n))
-        except (ImportError, ValueError, OSError):
-            pass
+    except (AttributeError, TypeError, ValueError, OSError):
+        pass
 
 
 def attach_stdio(out_fd, err_fd):
@@ -216,10 +503,10 @@ def attach_stdio(out_fd, err_fd):
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True)
 
 
-def null_stdio():
-    """Points fds 0-2 at /dev/null (a head must not hold the runner's host stream)."""
+def null_stdio(keep_stderr=False):
+    """Points fds 0-2 at /dev/null (only the runner holds the host stream)."""
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
+    for fd in (0, 1) if keep_stderr else (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
 
@@ -248,43 +535,6 @@ def send_msg(sock, msg, fds=()):
         sock.send(data)
 
 
-# ----------------------------------------------------------------------------
-# Session heads (run in forked processes, never return to the runner loop).
-
-
-def head_main(ctrl, cwd):
-    """A session head: owns the variables, forks per cell and per session fork."""
-    ns = fresh_ns()
-    while True:
-        reap_children()
-        try:
-            data, fds, _, _ = socket.recv_fds(ctrl, MSG_MAX, 4)
-        except InterruptedError:
-            continue
-        except OSError:
-            os._exit(0)
-        if not data:
-            os._exit(0)  # the runner closed the session
-        msg = json.loads(data)
-        kind = msg.get("t")
-        if kind == "run":
-            ctrl, cwd = head_cell(ctrl, cwd, ns, msg, fds)
-        elif kind == "fork":
-            ctrl, cwd = head_fork(ctrl, cwd, msg, fds[0])
-        else:
-            os._exit(0)
-
-
-def reap_children():
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def write_all(fd, data):
     view = memoryview(data)
     while view:
@@ -302,61 +552,215 @@ def read_all(fd):
     return b"".join(chunks)
 
 
-def head_cell(ctrl, cwd, ns, msg, fds):
-    """Runs one cell in a fork; on success the fork becomes the head."""
+def feed(fd, data, helpers):
+    """Writes `data` into pipe `fd` and closes it; what the pipe cannot hold now a
+    helper process writes as the reader reads (the runner never blocks on a pipe)."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, max(len(data) + 1, 4096))
+    except OSError:
+        pass
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except BlockingIOError:
+        pid = os.fork()
+        if pid == 0:
+            close_fds_except((fd,))
+            os.set_blocking(fd, True)
+            try:
+                write_all(fd, view)
+            finally:
+                os._exit(0)
+        helpers.add(pid)
+    except OSError:
+        pass  # the reader died: its call reports that
+    os.close(fd)
+
+
+# ----------------------------------------------------------------------------
+# The zygote and the processes it forks (they run user code).
+
+
+def zygote_main(sock, nproc):
+    """Forks the processes that run user code. It holds nothing of any call: it was
+    forked from the runner before the first request and reads only spawn orders."""
+    set_comm("sandbox-zygote")
+    null_stdio(keep_stderr=True)
+    os.chdir("/")
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fd == wake_r:
+                for pid, status in reap(wake_r):
+                    send_msg(sock, {"exit": pid, "status": status})
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MSG_MAX, 8)
+            except OSError:
+                os._exit(0)
+            if not data:
+                os._exit(0)  # the runner is gone
+            order = json.loads(data)
+            try:
+                pid = os.fork()
+            except OSError as e:
+                send_msg(sock, {"n": order["n"], "error": short("could not start a process: %s" % e)})
+                pid = None
+            if pid == 0:
+                spawned(order, fds, nproc)  # never returns
+            for fd in fds:
+                os.close(fd)
+            if pid is not None:
+                send_msg(sock, {"n": order["n"], "pid": pid})
+
+
+def spawned(order, fds, nproc):
+    """A zygote's child: drops to its episode's uid, then serves its call or session."""
+    code = 70
+    try:
+        set_comm("sandbox-idle" if order["kind"] == "job" else "sandbox-head")
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        close_fds_except(fds)
+        null_stdio()  # the zygote's stderr is the host stream
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # the OOM killer takes user code, never the runner or the zygote
+        os.nice(5)  # the runner keeps CPU to enforce deadlines while user code hogs it
+        os.umask(0o077)  # what user code creates (in /dev/shm too) is its own unless it says otherwise
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))  # per uid: this episode only
+        uid, cwd = order["uid"], order["dir"]
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        with open("/proc/self/status") as f:
+            caps = [line.split()[1] for line in f if line.startswith(("CapPrm", "CapEff"))]
+        if os.getresuid() != (uid, uid, uid) or any(int(c, 16) for c in caps):
+            os._exit(71)  # never run user code with a privilege left
+        # The uid change made us non-dumpable (our /proc files root's, even to us); an
+        # ordinary process is dumpable, and that opens nothing to another uid.
+        libc().prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        os.chdir(cwd)
+        os.environ.update(HOME=cwd, TMPDIR=cwd, USER="sandbox", LOGNAME="sandbox")
+        sys.argv = [""]
+        if order["kind"] == "job":
+            code = job_main(*fds)
+        else:
+            limit_address_space(order.get("limits"))
+            head_main(socket.socket(fileno=fds[0]), cwd)
+    except BaseException:
+        pass
+    os._exit(code & 0xFF if isinstance(code, int) else 1)
+
+
+def job_main(req_r, out_w, err_w, status_w):
+    """A stateless call's process: waits (as "sandbox-idle") for its call, runs it."""
+    req = json.loads(read_all(req_r))
+    set_comm("sandbox-call")
+    limit_address_space(req.get("limits"))
+    attach_stdio(out_w, err_w)
+    os.close(out_w)
+    os.close(err_w)
+    exit_code, error = run_cell(req["code"], fresh_ns(), req.get("print_last", True))
+    detach_stdio()
+    try:  # the code may have filled or broken this pipe: then our exit status answers instead
+        os.set_blocking(status_w, False)
+        os.write(status_w, json.dumps({"exit": exit_code, "error": error}).encode())
+    except OSError:
+        pass
+    return exit_code
+
+
+def head_main(ctrl, cwd):
+    """A session head: owns the variables, forks per cell and per session fork."""
+    null_stdio()
+    ns = fresh_ns()
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(ctrl, MSG_MAX, 4)
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)  # the runner closed the session
+        msg = json.loads(data)
+        kind = msg.get("t")
+        if kind == "run":
+            ctrl = head_cell(ctrl, ns, msg, fds)
+        elif kind == "fork":
+            ctrl, cwd = head_fork(ctrl, cwd, msg, fds[0])
+        else:
+            os._exit(0)
+
+
+def head_cell(ctrl, ns, msg, fds):
+    """Runs one cell in a fork; the fork reports "done" and is the head from then on,
+    or dies and this process reports "died" and stays the head."""
     code_fd, out_fd, err_fd = fds
     rid = msg.get("rid")  # echoed, so the runner never takes one cell's message for another's
     code = read_all(code_fd).decode("utf-8", "replace")
-    group = os.getpgid(0)
-    commit_r, commit_w = os.pipe()
     try:
         pid = os.fork()
     except OSError as e:
-        for fd in (out_fd, err_fd, commit_r, commit_w):
+        for fd in (out_fd, err_fd):
             os.close(fd)
-        send_msg(
-            ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "error": short("could not start the cell: %s" % e)}
-        )
-        return ctrl, cwd
+        send_msg(ctrl, {"t": "died", "rid": rid, "error": short("could not start the cell: %s" % e)})
+        return ctrl
     if pid == 0:
-        os.close(commit_r)
-        os.setpgid(0, 0)  # own group: a timeout kills the cell and what it started, not the head
+        # A session of its own: once it is the head and stopped, the death of the old
+        # head can never make its process group an orphan that the kernel sends SIGHUP.
+        os.setsid()
+        set_comm("sandbox-cell")
         attach_stdio(out_fd, err_fd)
         os.close(out_fd)
         os.close(err_fd)
         exit_code, error = run_cell(code, ns, msg.get("print_last", True))
         detach_stdio()
-        try:
-            os.setpgid(0, group)  # back to the session's group; the runner may kill the cell's
-        except OSError:
-            pass
-        # "done" before the commit: once the old head exits we are an orphan, and the
-        # runner's sweep must already be able to read that we are the head.
-        send_msg(
-            ctrl,
-            {"t": "done", "rid": rid, "head": os.getpid(), "exit": exit_code, "error": error, "pgid": os.getpgid(0)},
-        )
-        try:
-            os.write(commit_w, b"c")
-        except OSError:
-            pass
-        os.close(commit_w)
-        return ctrl, cwd
-    for fd in (out_fd, err_fd, commit_w):
+        become_head(ctrl, {"t": "done", "rid": rid, "exit": exit_code, "error": error})
+        return ctrl
+    for fd in (out_fd, err_fd):
         os.close(fd)
-    send_msg(ctrl, {"t": "cell", "rid": rid, "pid": pid})
-    while True:
+    _, status = os.waitpid(pid, 0)  # the runner kills us once the cell is the head
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == HANDED_OVER:
+        os._exit(0)
+    send_msg(ctrl, {"t": "died", "rid": rid, "status": status})
+    return ctrl
+
+
+def become_head(ctrl, done):
+    """Sends `done` from a single-threaded process holding the cell's variables: this
+    one, or, if the cell left threads, a fork of it (fork copies only this thread)."""
+    if len(os.listdir("/proc/self/task")) > 1:
+        r, w = os.pipe()
         try:
-            committed = os.read(commit_r, 1) == b"c"
-            break
-        except InterruptedError:
-            continue
-    os.close(commit_r)
-    if committed:
-        os._exit(0)  # the cell's process holds the new state and is the head now
-    _, status = os.waitpid(pid, 0)
-    send_msg(ctrl, {"t": "died", "rid": rid, "head": os.getpid(), "status": status})
-    return ctrl, cwd
+            pid = os.fork()
+        except OSError:
+            pid = -1  # the runner sees the threads and rolls the cell back
+        if pid > 0:
+            os.close(w)
+            os.read(r, 1)  # "done" is out before we exit, so the old head never reports "died"
+            os._exit(HANDED_OVER)
+        os.close(r)
+        if pid == 0:
+            os.setsid()
+        send_msg(ctrl, done)
+        try:
+            os.write(w, b"x")
+        except OSError:
+            pass  # the runner may have stopped us and killed it in between: it has the message
+        os.close(w)
+    else:
+        send_msg(ctrl, done)
+    set_comm("sandbox-head")
 
 
 def head_fork(ctrl, cwd, msg, new_ctrl_fd):
@@ -370,17 +774,15 @@ def head_fork(ctrl, cwd, msg, new_ctrl_fd):
     if pid == 0:
         ctrl.close()
         new_ctrl = socket.socket(fileno=new_ctrl_fd)
-        os.setpgid(0, 0)
-        new_cwd = msg["dir"]
+        os.setsid()
+        new_cwd = msg["dir"]  # made by the runner, owned by our uid
         try:
-            shutil.copytree(cwd, new_cwd, symlinks=True)
+            shutil.copytree(cwd, new_cwd, symlinks=True, dirs_exist_ok=True)
         except (OSError, shutil.Error):
-            os.makedirs(new_cwd, exist_ok=True)
+            pass
         os.chdir(new_cwd)
         os.environ["HOME"] = os.environ["TMPDIR"] = new_cwd
-        if sys.path[:1] == [cwd]:
-            sys.path[0] = new_cwd
-        send_msg(new_ctrl, {"t": "forked", "head": os.getpid()})
+        send_msg(new_ctrl, {"t": "forked"})
         return new_ctrl, new_cwd
     os.close(new_ctrl_fd)
     return ctrl, cwd
@@ -393,35 +795,24 @@ def head_fork(ctrl, cwd, msg, new_ctrl_fd):
 class Run:
     """One execution in flight: a stateless call or a session cell."""
 
-    def __init__(self, req, sid):
-        limits = req.get("limits", {})
+    def __init__(self, req, sid, uid):
+        limits = req.get("limits") if isinstance(req.get("limits"), dict) else {}
         self.req = req
         self.id = req["id"]
         self.sid = sid
+        self.uid = uid
         self.t0 = time.monotonic()
         self.deadline = self.t0 + float(req.get("timeout", 10.0))
         self.limit = int(limits.get("output_limit", 16 << 20))
         self.out = Capture(int(limits.get("head", 4096)), int(limits.get("tail", 4096)))
         self.err = Capture(int(limits.get("head", 4096)), int(limits.get("tail", 4096)))
         self.fds = {}  # read end -> Capture
-        self.pid = None
         self.killed = None  # "timeout" | "output"
-        self.status = b""  # the child's {"exit", "error"} as read so far
-        self.status_fd = None
         self.kill_time = None
+        self.status = b""  # the job's {"exit", "error"} as read so far
+        self.status_fd = None
         self.oom0 = oom_kills()
         self.dir = None
-
-    def kill(self, why):
-        if self.killed is None:
-            self.killed = why
-            self.kill_time = time.monotonic()
-        if self.pid:
-            for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-                try:
-                    target()
-                except OSError:
-                    pass
 
     def reply(self, exit_code, sig, error):
         oom = False
@@ -446,50 +837,71 @@ class Run:
 
 
 class Standby:
-    """A stateless call's process forked ahead of time, waiting for its request on `req_w`."""
+    """A stateless call's process (uid, directory, pipes) ordered from the zygote ahead
+    of its call; `pid` arrives with the zygote's answer."""
 
-    def __init__(self, pid, cwd, req_w, out_r, err_r, status_r):
-        self.pid, self.dir = pid, cwd
+    def __init__(self, uid, cwd, req_w, out_r, err_r, status_r):
+        self.uid, self.dir, self.pid = uid, cwd, None
         self.req_w, self.out_r, self.err_r, self.status_r = req_w, out_r, err_r, status_r
 
 
+class Family:
+    """A session and the sessions forked from it: one uid, one trust domain."""
+
+    def __init__(self, uid):
+        self.uid = uid
+        self.members = set()
+        self.dirty = False  # a call ended while another was in flight: orphans may be left
+
+    def busy(self):
+        return any(m.state in ("busy", "starting") for m in self.members)
+
+
 class Session:
-    def __init__(self, sid, ctrl, head, cwd):
+    def __init__(self, sid, family, ctrl, cwd):
         self.sid = sid
-        self.ctrl = ctrl  # the runner's end of a SOCK_SEQPACKET pair
-        self.head = head
+        self.family = family
+        self.ctrl = ctrl  # the runner's end of a SOCK_SEQPACKET pair, with SO_PASSCRED
+        self.head = None  # pid of the process holding the variables
         self.dir = cwd
-        self.state = "ready" if head else "starting"  # starting | ready | busy | lost
+        self.state = "starting"  # starting | ready | busy | lost
+        self.stopped = False  # the head was sent SIGSTOP (idle)
         self.queue = []
-        self.current = None  # the request being served
-        self.cell = None  # its Run, for `run`
-        self.fork_reply = None  # the `fork` request that created this session, answered on "forked"
-        self.child = None  # the session a pending `fork` creates
+        self.cell = None  # the Run of the cell in flight
+        self.child = None  # the session a fork in flight creates
         self.parent = None  # for a session being forked: the session it copies
         self.theirs = None  # for a session being forked: the head's end of `ctrl`, not yet sent
-        self.inbox = []  # messages read from `ctrl`, not handled yet (None: end of file)
+        self.reply_to = None  # the `open`/`fork` request answered once the head exists
+        self.deadline = None  # of a fork in flight
+        family.members.add(self)
 
 
 class Runner:
-    def __init__(self, preloaded):
+    def __init__(self, preloaded, zsock, zpid):
         self.preloaded = preloaded
+        self.uids = uid_range()
         self.sel = selectors.DefaultSelector()
-        self.jobs = {}  # pid -> Run (stateless)
+        self.jobs = {}  # uid -> Run (stateless calls in flight)
         self.sessions = {}  # sid -> Session
         self.pipes = {}  # fd -> Run
         self.inbuf = bytearray()
-        self.sweep_at = None
-        self.standby = None  # the next stateless call's process, forked ahead
-        self.standby_n = 0
-        self.helpers = set()  # our own short-lived processes (code writers): never strays
+        self.standby = None  # the next stateless call's process, ordered ahead
+        self.helpers = set()  # our own short-lived processes (pipe writers)
+        self.zsock, self.zpid = zsock, zpid
+        self.orders = {}  # order number -> callback(pid or None, error)
+        self.order_n = 0
+        self.zchildren = {}  # pid -> uid of a job the zygote forked
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         os.set_blocking(0, False)
+        zsock.setblocking(False)
         self.sel.register(0, selectors.EVENT_READ, ("stdin", None))
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        self.sel.register(zsock.fileno(), selectors.EVENT_READ, ("zygote", None))
+        self.make_standby()
 
     # -- output to the host -------------------------------------------------
 
@@ -513,11 +925,9 @@ class Runner:
 
     def serve(self):
         while True:
-            timeout = self.next_timeout()
-            for key, _ in self.sel.select(timeout):
+            for key, _ in self.sel.select(self.next_timeout()):
                 # An earlier event of this batch may have closed this fd, and a new pipe may
-                # have taken its number (a finished call's standby does): reading it as the
-                # old one's would block the runner on a pipe nobody writes yet.
+                # have taken its number: reading it as the old one's would be wrong.
                 if self.sel.get_map().get(key.fd) is not key:
                     continue
                 kind, obj = key.data
@@ -526,6 +936,8 @@ class Runner:
                         self.on_stdin()
                     elif kind == "wake":
                         self.on_wake()
+                    elif kind == "zygote":
+                        self.on_zygote()
                     elif kind == "pipe":
                         self.on_pipe(key.fd, obj)
                     elif kind == "status":
@@ -536,24 +948,18 @@ class Runner:
                     traceback.print_exc()
             try:
                 self.on_timers()
-                for s in list(self.sessions.values()):
-                    if s.inbox:  # a sweep read them off the socket
-                        self.on_ctrl(s)
             except Exception:
                 traceback.print_exc()
 
     def next_timeout(self):
         now = time.monotonic()
         times = [r.deadline for r in self.runs() if r.killed is None]
-        times += [r.kill_time + 1.5 for r in self.runs() if r.kill_time is not None]
-        if self.sweep_at is not None:
-            times.append(self.sweep_at)
+        times += [r.kill_time + RECOVER_S for r in self.runs() if r.kill_time is not None and r.sid is not None]
+        times += [s.deadline for s in self.sessions.values() if s.deadline is not None]
         return max(0.0, min(times) - now) if times else None
 
     def runs(self):
-        runs = list(self.jobs.values())
-        runs += [s.cell for s in self.sessions.values() if s.cell is not None]
-        return runs
+        return list(self.jobs.values()) + [s.cell for s in self.sessions.values() if s.cell is not None]
 
     def on_stdin(self):
         while True:
@@ -597,8 +1003,11 @@ class Runner:
                         "python": sys.version.split()[0],
                         "preloaded": self.preloaded,
                         "oom_counter": oom_kills() is not None,
+                        "uid_range": list(self.uids),
                     }
                 )
+            elif op == "ping":
+                self.send({"id": req_id, "ok": True})
             elif op == "run" and req.get("sid") is None:
                 self.start_job(req)
             elif op == "open":
@@ -607,14 +1016,14 @@ class Runner:
                 s = self.sessions.get(req["sid"])
                 if s is None or s.state == "lost":
                     self.fail(req_id, "session lost")
-                elif op == "fork" and req["new"] in self.sessions:
-                    self.fail(req_id, "session %s exists" % req["new"])
+                elif op == "fork" and (not valid_sid(req["new"]) or req["new"] in self.sessions):
+                    self.fail(req_id, "bad or existing session id %r" % (req["new"],))
                 else:
                     if op == "fork":
                         # The child exists at once, so calls to it queue behind the fork.
-                        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                        child = Session(req["new"], mine, None, os.path.join(WORK, "s-%s" % req["new"]))
-                        child.fork_reply, child.parent, child.theirs = req, s, theirs
+                        mine, theirs = self.ctrl_pair()
+                        child = Session(req["new"], s.family, mine, make_dir("s-" + req["new"], s.family.uid))
+                        child.reply_to, child.parent, child.theirs = req, s, theirs
                         self.register_session(child)
                         req["_child"] = child
                     s.queue.append(req)
@@ -630,144 +1039,191 @@ class Runner:
             traceback.print_exc()
             self.fail(req_id, "runner error: %s" % short(str(e)))
 
-    # -- stateless calls ----------------------------------------------------
+    # -- the zygote -----------------------------------------------------------
 
-    def fork_child(self):
+    def order(self, kind, uid, cwd, fds, done, limits=None):
+        """Asks the zygote for a process of `uid` in `cwd`; `done(pid, error)` follows."""
+        self.order_n += 1
+        self.orders[self.order_n] = done
+        msg = {"n": self.order_n, "kind": kind, "uid": uid, "dir": cwd, "limits": limits}
         try:
-            return os.fork()
-        except BlockingIOError:  # pids limit: leftovers of an earlier call; kill them and retry once
-            self.sweep()
-            time.sleep(0.05)
-            self.reap()
-            return os.fork()
-
-    def new_pipes(self, run):
-        """stdout and stderr pipes of `run`; returns their write ends for the child."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        self.watch_pipes(run, out_r, err_r)
-        return out_w, err_w
-
-    def watch_pipes(self, run, out_r, err_r):
-        run.fds = {out_r: run.out, err_r: run.err}
-        for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, ("pipe", run))
-            self.pipes[fd] = run
-
-    def watch_status(self, run, status_r):
-        """The child writes {"exit", "error"} here once its output is flushed; the call
-        is answered then, while the process is still tearing its memory down."""
-        run.status_fd = status_r
-        os.set_blocking(status_r, False)
-        self.sel.register(status_r, selectors.EVENT_READ, ("status", run))
-
-    def start_job(self, req):
-        sb = self.take_standby()
-        if sb is not None:
-            run = Run(req, None)
-            run.pid, run.dir = sb.pid, sb.dir
-            self.watch_pipes(run, sb.out_r, sb.err_r)
-            self.watch_status(run, sb.status_r)
-            self.jobs[run.pid] = run
-            data = json.dumps(
-                {"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")}
-            )
-            try:
-                write_all(sb.req_w, data.encode())
-            except OSError:
-                pass  # it died meanwhile: its exit status answers the call
-            os.close(sb.req_w)
-            return
-        cwd = os.path.join(WORK, "job-%s" % req["id"])
-        os.makedirs(cwd, exist_ok=True)
-        run = Run(req, None)
-        out_w, err_w = self.new_pipes(run)
-        run.dir = cwd
-        status_r, status_w = os.pipe()
-        try:
-            pid = self.fork_child()
+            send_msg(self.zsock, msg, fds)
         except OSError as e:
-            for fd in (out_w, err_w, status_r, status_w):
-                os.close(fd)
-            self.close_run_pipes(run)
-            shutil.rmtree(cwd, ignore_errors=True)
-            self.send(run.reply(None, None, short("could not start a process: %s" % e)))
-            return
-        if pid == 0:
-            self.job_child(req, cwd, out_w, err_w, status_w)
-        os.close(out_w)
-        os.close(err_w)
-        os.close(status_w)
-        run.pid = pid
-        self.watch_status(run, status_r)
-        self.jobs[pid] = run
+            self.orders.pop(self.order_n)
+            done(None, "the zygote did not take the order (%s)" % e)
 
-    def job_child(self, req, cwd, out_w, err_w, status_w, req_r=None):
-        """A stateless call's process. With `req_r` it is a standby: forked ahead of
-        time, it waits for its call on that pipe."""
-        exit_code = 70
+    def on_zygote(self):
+        while True:
+            try:
+                data = self.zsock.recv(MSG_MAX)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.zygote_died()
+            msg = json.loads(data)
+            if "exit" in msg:
+                self.on_exit(msg["exit"], msg["status"])
+            else:
+                done = self.orders.pop(msg["n"], None)
+                if done is not None:
+                    done(msg.get("pid"), msg.get("error"))
+
+    def zygote_died(self):
+        # No clean process is left to fork calls from: exit, and the host replaces the container.
+        print("runner: the zygote died; exiting so that the host replaces this container", file=sys.stderr)
+        self.shutdown()
+
+    def on_exit(self, pid, status):
+        """A process the zygote forked exited (a job's, or a session's first head)."""
+        uid = self.zchildren.pop(pid, None)
+        run = self.jobs.get(uid)
+        if run is not None:
+            exit_code, sig = decode_status(status)
+            self.finish_job(run, exit_code, None, sig)
+        self.head_exited(pid)
+
+    def head_exited(self, pid):
+        for s in list(self.sessions.values()):
+            if s.head == pid and s.state != "lost" and s.cell is None:
+                self.lose_session(s, "session lost: its process died")
+
+    # -- uids and cleaning ----------------------------------------------------
+
+    def owners(self):
+        """{uid: "job" or its Family} of every uid in use; any other uid must own nothing."""
+        owners = {s.family.uid: s.family for s in self.sessions.values()}
+        owners.update((uid, "job") for uid in self.jobs)
+        if self.standby is not None:
+            owners[self.standby.uid] = "job"
+        return owners
+
+    def new_uid(self):
+        owners = self.owners()
+        while True:
+            uid = random.randrange(*self.uids)
+            if uid not in owners:
+                return uid
+
+    def heads(self):
+        return {s.head for s in self.sessions.values() if s.head}
+
+    def tidy(self, family=None, roots=(), keep=()):
+        """Kills what may not live now: every process of a uid nothing holds; in an idle
+        `family` every process but its heads; in a busy one what descends from `roots`
+        (a cell's leftovers; the walk up stops at other heads, whose trees are theirs)."""
+        killed = set()
+        owners, heads = self.owners(), self.heads()
+        idle = family is not None and not family.busy()
+        if family is not None:
+            family.dirty = not idle  # a busy family's orphans can only be told apart once it is idle
+        for _ in range(20):  # until a pass finds no new one (a fork bomb is killed in a few)
+            procs = processes()
+            new = []
+            for pid, (_, uid, _, _) in procs.items():
+                if uid == 0 or pid in keep or pid in killed:
+                    continue
+                owner = owners.get(uid)
+                if owner is None:
+                    new.append(pid)
+                elif owner is family and ((idle and pid not in heads) or descends(pid, roots, heads, procs)):
+                    new.append(pid)
+            if not new:
+                return
+            for pid in new:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            killed.update(new)
+
+    def clean_shared(self):
+        """Removes the files, queues and SysV objects of every uid nothing holds."""
+        owners = self.owners()
+        for base in ("/dev/shm", "/dev/mqueue"):
+            try:
+                names = os.listdir(base)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(base, name)
+                try:
+                    uid = os.lstat(path).st_uid
+                except OSError:
+                    continue
+                if uid != 0 and uid not in owners:
+                    remove_path(path)
+        for kind, ident, cuid in sysv_objects():
+            if cuid != 0 and cuid not in owners:
+                try:
+                    remove_sysv(kind, ident, cuid)
+                except OSError:
+                    pass
+        keep = {os.path.basename(s.dir) for s in self.sessions.values()}
+        keep |= {os.path.basename(r.dir) for r in self.jobs.values()}
+        if self.standby is not None:
+            keep.add(os.path.basename(self.standby.dir))
         try:
-            os.setsid()
-            keep = (out_w, err_w, status_w) + ((req_r,) if req_r is not None else ())
-            child_init(keep, cwd)
-            if req_r is not None:
-                req = json.loads(read_all(req_r))
-            limit_address_space(req.get("limits"))
-            attach_stdio(out_w, err_w)
-            os.close(out_w)
-            os.close(err_w)
-            exit_code, error = run_cell(req["code"], fresh_ns(), req.get("print_last", True))
-            detach_stdio()
-            os.write(status_w, json.dumps({"exit": exit_code, "error": error}).encode())
-        except BaseException:
-            pass
-        os._exit(exit_code & 0xFF if isinstance(exit_code, int) else 1)
+            names = os.listdir(WORK)
+        except OSError:
+            return
+        for name in names:
+            if name not in keep:
+                remove_path(os.path.join(WORK, name))
+
+    # -- stateless calls ------------------------------------------------------
 
     def make_standby(self):
-        """Forks the next stateless call's process now, so a call does not wait for a fork."""
-        if self.standby is not None or self.sessions:
+        """Orders the next stateless call's process now, so a call does not wait for a fork."""
+        if self.standby is not None:
             return
-        self.standby_n += 1
-        cwd = os.path.join(WORK, "job-w%d" % self.standby_n)
+        uid = self.new_uid()
+        cwd = make_dir(str(uid), uid)
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         status_r, status_w = os.pipe()
-        try:
-            fcntl.fcntl(req_w, F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass
-        try:
-            os.makedirs(cwd, exist_ok=True)
-            pid = os.fork()
-        except OSError:
-            for fd in (req_r, req_w, out_r, out_w, err_r, err_w, status_r, status_w):
-                os.close(fd)
-            return
-        if pid == 0:
-            self.job_child(None, cwd, out_w, err_w, status_w, req_r=req_r)
-        for fd in (req_r, out_w, err_w, status_w):
-            os.close(fd)
         for fd in (out_r, err_r, status_r):
             os.set_blocking(fd, False)  # the loop never blocks on a child's pipe, stale event or not
-        self.standby = Standby(pid, cwd, req_w, out_r, err_r, status_r)
+        sb = Standby(uid, cwd, req_w, out_r, err_r, status_r)
+        self.standby = sb
 
-    def take_standby(self):
-        sb, self.standby = self.standby, None
-        return sb
+        def spawned(pid, error):
+            if pid is not None:
+                sb.pid = pid
+                self.zchildren[pid] = uid
+                return
+            run = self.jobs.get(uid)
+            if run is not None:
+                self.finish_job(run, None, error)
+            elif self.standby is sb:
+                self.drop_standby()
+
+        self.order("job", uid, cwd, (req_r, out_w, err_w, status_w), spawned)
+        for fd in (req_r, out_w, err_w, status_w):
+            os.close(fd)
 
     def drop_standby(self):
-        sb = self.take_standby()
+        sb, self.standby = self.standby, None
         if sb is None:
             return
-        try:
-            os.kill(sb.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_uid(sb.uid)
         for fd in (sb.req_w, sb.out_r, sb.err_r, sb.status_r):
             os.close(fd)
-        shutil.rmtree(sb.dir, ignore_errors=True)
+        remove_path(sb.dir)
+
+    def start_job(self, req):
+        self.make_standby()
+        sb, self.standby = self.standby, None
+        run = Run(req, None, sb.uid)
+        run.dir = sb.dir
+        self.watch_pipes(run, sb.out_r, sb.err_r)
+        run.status_fd = sb.status_r
+        self.sel.register(sb.status_r, selectors.EVENT_READ, ("status", run))
+        self.jobs[sb.uid] = run
+        data = {"code": req["code"], "print_last": req.get("print_last", True), "limits": req.get("limits")}
+        feed(sb.req_w, json.dumps(data).encode(), self.helpers)
 
     def on_status(self, run):
         try:
@@ -776,16 +1232,19 @@ class Runner:
             return
         except OSError:
             data = b""
-        if not data:  # died without a word: its exit status (reap) answers the call
+        if not data:  # died without a word: its exit status (from the zygote) answers the call
             self.close_status(run)
             return
         run.status += data
+        if len(run.status) > STATUS_MAX:
+            self.close_status(run)  # a flood: the exit status answers instead
+            return
         try:
             status = json.loads(run.status)
         except ValueError:
             return  # not all of it yet
-        if self.jobs.get(run.pid) is run:
-            self.finish_job(run, status.get("exit"), None, status.get("error"))
+        if self.jobs.get(run.uid) is run:
+            self.finish_job(run, *checked_status(status))
 
     def close_status(self, run):
         fd, run.status_fd = run.status_fd, None
@@ -796,57 +1255,53 @@ class Runner:
                 pass
             os.close(fd)
 
-    def finish_job(self, run, exit_code, sig, error=None):
-        """Answers a stateless call (once), kills what it left, readies the next process."""
-        self.jobs.pop(run.pid, None)
-        if run.status_fd is not None and error is None and not run.status:
-            try:
-                run.status += os.read(run.status_fd, 1 << 16)  # reaped before its status was read
-                error = json.loads(run.status).get("error")
+    def finish_job(self, run, exit_code, error, sig=None):
+        """Answers a stateless call (once): every process of its uid dies first."""
+        self.jobs.pop(run.uid, None)
+        if run.status_fd is not None and error is None and exit_code is None and not run.status:
+            try:  # reaped before its status was read
+                run.status += os.read(run.status_fd, STATUS_MAX)
+                exit_code, error = checked_status(json.loads(run.status))
             except (OSError, ValueError):
                 pass
         self.close_status(run)
-        try:
-            os.killpg(run.pid, signal.SIGKILL)  # whatever the call left running in its group
-        except OSError:
-            pass
+        kill_uid(run.uid)
+        drop_sysv(run.uid)
         self.drain(run)
-        self.settle()  # before the reply: the next call must find no leftovers of this one
         self.send(run.reply(exit_code, sig, error))
-        shutil.rmtree(run.dir, ignore_errors=True)
-        self.clean_workdir()
-        self.make_standby()
+        self.make_standby()  # the zygote forks the next call's process while the host reads this reply
+        self.clean_shared()
 
-    # -- sessions -----------------------------------------------------------
+    # -- sessions -------------------------------------------------------------
+
+    def ctrl_pair(self):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the kernel names each sender
+        return mine, theirs
 
     def open_session(self, req):
         sid = req["sid"]
-        if sid in self.sessions:
-            self.fail(req["id"], "session %s exists" % sid)
+        if not valid_sid(sid) or sid in self.sessions:
+            self.fail(req["id"], "bad or existing session id %r" % (sid,))
             return
-        cwd = os.path.join(WORK, "s-%s" % sid)
-        os.makedirs(cwd, exist_ok=True)
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            pid = self.fork_child()
-        except OSError as e:
-            mine.close()
-            theirs.close()
-            self.fail(req["id"], short("could not start a session: %s" % e))
-            return
-        if pid == 0:
-            try:
-                os.setsid()
-                child_init((theirs.fileno(),), cwd)
-                limit_address_space(req.get("limits"))
-                null_stdio()
-                head_main(theirs, cwd)
-            finally:
-                os._exit(0)
-        theirs.close()
-        s = Session(sid, mine, pid, cwd)
+        family = Family(self.new_uid())
+        mine, theirs = self.ctrl_pair()
+        s = Session(sid, family, mine, make_dir("s-" + sid, family.uid))
+        s.reply_to = req
         self.register_session(s)
-        self.send({"id": req["id"], "ok": True})
+
+        def spawned(pid, error):
+            if s.state == "lost":
+                return
+            if pid is None:
+                self.lose_session(s, error or "could not start the session")
+                return
+            s.head, s.state, s.reply_to = pid, "ready", None
+            self.send({"id": req["id"], "ok": True})
+            self.pump(s)
+
+        self.order("head", family.uid, s.dir, (theirs.fileno(),), spawned, req.get("limits"))
+        theirs.close()
 
     def register_session(self, s):
         s.ctrl.setblocking(False)
@@ -854,182 +1309,184 @@ class Runner:
         self.sel.register(s.ctrl.fileno(), selectors.EVENT_READ, ("ctrl", s))
 
     def pump(self, s):
-        if s.state != "ready" or not s.queue:
+        if s.state != "ready" or not s.queue or not self.resume(s):
             return
         req = s.queue.pop(0)
-        s.current = req
         s.state = "busy"
         if req["op"] == "run":
-            run = Run(req, s.sid)
-            out_w, err_w = self.new_pipes(run)
-            code_r = self.code_pipe(req["code"].encode("utf-8", "surrogatepass"))
+            run = Run(req, s.sid, s.family.uid)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            self.watch_pipes(run, out_r, err_r)
+            code_r, code_w = os.pipe()
+            feed(code_w, req["code"].encode("utf-8", "surrogatepass"), self.helpers)
             s.cell = run
-            try:
-                send_msg(
-                    s.ctrl,
-                    {"t": "run", "rid": run.id, "print_last": req.get("print_last", True)},
-                    (code_r, out_w, err_w),
-                )
-            except OSError as e:
-                self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
-            finally:
-                for fd in (code_r, out_w, err_w):
-                    os.close(fd)
+            fds = (code_r, out_w, err_w)
+            msg = {"t": "run", "rid": run.id, "print_last": req.get("print_last", True)}
         else:
-            child = req["_child"]
-            s.child = child
+            child = s.child = req["_child"]
+            child.deadline = time.monotonic() + FORK_S
             theirs, child.theirs = child.theirs, None
-            try:
-                send_msg(s.ctrl, {"t": "fork", "dir": child.dir}, (theirs.fileno(),))
-            except OSError as e:
-                self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
-            finally:
-                theirs.close()
-
-    def code_pipe(self, data):
-        r, w = os.pipe()
+            fds = (theirs.detach(),)
+            msg = {"t": "fork", "dir": child.dir}
         try:
-            fcntl.fcntl(w, F_SETPIPE_SZ, max(len(data) + 1, 4096))
-        except OSError:
-            pass
-        os.set_blocking(w, False)
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(w, view) :]
-        except BlockingIOError:
-            # Bigger than the pipe holds: a helper process writes the rest as the head reads.
-            pid = os.fork()
-            if pid == 0:
-                close_fds_except((w,))
-                os.set_blocking(w, True)
-                try:
-                    write_all(w, view)
-                finally:
-                    os._exit(0)
-            self.helpers.add(pid)
-        os.close(w)
-        return r
+            send_msg(s.ctrl, msg, fds)
+        except OSError as e:
+            self.lose_session(s, "session lost: its process died (%s)" % e.__class__.__name__)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    def read_ctrl(self, s):
-        """Moves the messages waiting on a session's socket into its inbox (None = EOF)."""
-        while s.state != "lost" and (not s.inbox or s.inbox[-1] is not None):
+    def resume(self, s):
+        """Continues a stopped head, if it is still one thread of its uid. (A head that has
+        not stopped yet was not scheduled since: SIGCONT cancels the pending stop.)"""
+        if not s.stopped:
+            return True
+        st = proc_status(s.head)
+        if st is None or st[1] != s.family.uid or st[2] != 1 or st[3] in ("Z", "X"):
+            why = "its process died" if st is None or st[3] in ("Z", "X") else "it ran threads between calls"
+            self.lose_session(s, "session lost: %s" % why)
+            return False
+        os.kill(s.head, signal.SIGCONT)
+        s.stopped = False
+        return True
+
+    def idle(self, s):
+        """Stops a head with nothing to do: no code of the session runs between calls."""
+        if s.state == "ready" and not s.queue and s.head and not s.stopped:
             try:
-                data = s.ctrl.recv(MSG_MAX)
+                os.kill(s.head, signal.SIGSTOP)
+                s.stopped = True
+            except OSError:
+                self.lose_session(s, "session lost: its process died")
+
+    def can_be_head(self, pid, s):
+        """One thread of the session's uid, and nobody else's head."""
+        st = proc_status(pid) if isinstance(pid, int) and pid > 1 else None
+        others = self.heads() - {s.head}
+        if st is None or st[1] != s.family.uid or pid in others or st[3] in ("Z", "X"):
+            return "its process is gone or not its own"
+        if st[2] != 1:
+            return "the cell left %d threads running" % st[2]
+        return None
+
+    def on_ctrl(self, s):
+        while s.state != "lost" and self.sessions.get(s.sid) is s:
+            try:
+                data, anc, _, _ = s.ctrl.recvmsg(MSG_MAX, socket.CMSG_SPACE(CRED.size))
             except BlockingIOError:
                 return
             except OSError:
                 data = b""
             if not data:
-                s.inbox.append(None)
-                return
-            try:
-                s.inbox.append(json.loads(data))
-            except ValueError:
-                continue
-
-    def on_ctrl(self, s):
-        self.read_ctrl(s)
-        while s.inbox and s.state != "lost" and self.sessions.get(s.sid) is s:
-            msg = s.inbox.pop(0)
-            if msg is None:
                 self.lose_session(s, "session lost: its process died")
                 return
+            pid = uid = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= CRED.size:
+                    pid, uid, _ = CRED.unpack(payload[: CRED.size])
             try:
-                self.on_message(s, msg)
-            except (KeyError, TypeError, ValueError):
+                msg = json.loads(data)
+            except ValueError:
                 continue
+            if isinstance(msg, dict) and uid == s.family.uid:
+                self.on_message(s, msg, pid)
 
-    def on_message(self, s, msg):
+    def on_message(self, s, msg, sender):
         kind = msg.get("t")
-        if kind in ("cell", "done", "died") and (s.cell is None or msg.get("rid") != s.cell.id):
-            if kind == "done":
-                s.head = int(msg["head"])  # a late message of a finished cell still names the head
-            return
-        if kind == "cell":
-            s.cell.pid = int(msg["pid"])
-            if s.cell.killed:
-                s.cell.kill(s.cell.killed)
-        elif kind == "done":
-            s.head = int(msg["head"])
-            run = s.cell
-            cell_group = run.pid
-            if cell_group and cell_group != msg.get("pgid"):
-                try:
-                    os.killpg(cell_group, signal.SIGKILL)  # background processes the cell left
-                except OSError:
-                    pass
-            self.finish_cell(s, msg.get("exit"), None, msg.get("error"))
-        elif kind == "died":
-            s.head = int(msg.get("head") or s.head)
-            exit_code, sig = decode_status(msg["status"]) if "status" in msg else (None, None)
-            self.finish_cell(s, exit_code, sig, msg.get("error"), rolled_back=True)
-        elif kind == "fork_failed" and s.child is not None:
-            self.lose_session(s.child, msg.get("error") or "fork failed")
-        elif kind == "forked" and s.state == "starting":
-            s.head = int(msg["head"])
-            s.state = "ready"
-            req, s.fork_reply = s.fork_reply, None
-            if req is not None:
-                self.send({"id": req["id"], "ok": True})
+        run = s.cell
+        if kind in ("done", "died") and (run is None or msg.get("rid") != run.id):
+            return  # a late message of a finished cell, or a forged one
+        if kind == "done" and run.killed:
+            return  # we killed the cell: its head reports how it died
+        if kind == "done":
+            why = self.can_be_head(sender, s)
+            if why is not None:
+                why = "the cell could not become the session's state: %s" % why
+                self.finish_cell(s, None, None, why, (s.head,), rolled_back=True)
+                return
+            old, s.head = s.head, sender
+            exit_code, error = checked_status(msg)
+            self.finish_cell(s, exit_code, None, error, (old, sender))
+        elif kind == "died" and sender == s.head:
+            status = msg.get("status")
+            if isinstance(status, int) and not isinstance(status, bool) and 0 <= status < 1 << 16:
+                exit_code, sig = decode_status(status)
+                error = None
+            else:
+                exit_code, sig, error = None, None, checked_status(msg)[1]
+            self.finish_cell(s, exit_code, sig, error, (s.head,), rolled_back=True)
+        elif kind == "fork_failed" and sender == s.head and s.child is not None:
+            self.lose_session(s.child, checked_status(msg)[1])
+        elif kind == "forked" and s.state == "starting" and s.parent is not None:
+            why = self.can_be_head(sender, s)
+            if why is not None:
+                self.lose_session(s, "could not fork the session: %s" % why)
+                return
+            s.head, s.state, s.deadline = sender, "ready", None
+            req, s.reply_to = s.reply_to, None
+            self.send({"id": req["id"], "ok": True})
             self.fork_settled(s)
+            self.idle(s)
             self.pump(s)
 
     def fork_settled(self, child):
-        """The parent stays busy (its descendants protected) until its fork child reports."""
-        parent = child.parent
-        child.parent = None
+        """The parent stays busy (its processes protected) until its fork child reports."""
+        parent, child.parent = child.parent, None
         if parent is not None and parent.child is child:
-            parent.child, parent.current = None, None
+            parent.child = None
             if parent.state == "busy":
                 parent.state = "ready"
+            self.idle(parent)
+            if parent.family.dirty:
+                self.tidy(parent.family)
             self.pump(parent)
 
-    def finish_cell(self, s, exit_code, sig, error, rolled_back=False):
-        run = s.cell
+    def finish_cell(self, s, exit_code, sig, error, roots, rolled_back=False):
+        """Answers a cell once what it left is dead: the processes below `roots` but the
+        head, or, when no call of its family is in flight, every process but the heads."""
+        run, s.cell = s.cell, None
+        s.state = "ready"
+        self.tidy(s.family, roots=roots, keep={s.head})
         self.drain(run)
         reply = run.reply(exit_code, sig, error)
         if rolled_back:
             reply["rolled_back"] = True
-        s.cell, s.current = None, None
-        if s.state == "busy":
-            s.state = "ready"
-        self.settle()
+        self.idle(s)
         self.send(reply)
         self.pump(s)
 
     def lose_session(self, s, why):
-        """The session's process is gone: fail what it owed, forget it."""
-        if s.state == "lost":
-            return
-        self.kill_session(s, why)
+        """The session's process is gone or broken: fail what it owed, forget it."""
+        if s.state != "lost":
+            self.kill_session(s, why)
 
     def kill_session(self, s, why="session closed"):
         s.state = "lost"
-        for pid in (s.cell.pid if s.cell else None, s.head):
-            if pid:
-                for kill in (os.killpg, os.kill):
-                    try:
-                        kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+        head = s.head
         try:
             self.sel.unregister(s.ctrl.fileno())
         except (KeyError, ValueError):
             pass
         s.ctrl.close()
         self.sessions.pop(s.sid, None)
+        s.family.members.discard(s)
+        if not s.family.members:
+            kill_uid(s.family.uid)
+            drop_sysv(s.family.uid)
+        elif head:
+            self.tidy(s.family, roots=(head,))
         if s.cell is not None:
             run, s.cell = s.cell, None
             self.drain(run)
             reply = run.reply(None, None, why)
             reply["session_lost"] = True
             self.send(reply)
-        elif s.child is not None:
+        if s.child is not None:
             self.lose_session(s.child, why)
-        if s.fork_reply is not None:
-            self.fail(s.fork_reply["id"], why)
-            s.fork_reply = None
+        if s.reply_to is not None:
+            self.fail(s.reply_to["id"], why)
+            s.reply_to = None
         if s.parent is not None:
             self.fork_settled(s)
         for req in s.queue:
@@ -1041,11 +1498,16 @@ class Runner:
         if s.theirs is not None:
             s.theirs.close()
             s.theirs = None
-        s.current = None
-        shutil.rmtree(s.dir, ignore_errors=True)
-        self.sweep()
+        self.clean_shared()
 
-    # -- pipes, timers, children --------------------------------------------
+    # -- pipes, timers, children ----------------------------------------------
+
+    def watch_pipes(self, run, out_r, err_r):
+        run.fds = {out_r: run.out, err_r: run.err}
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, ("pipe", run))
+            self.pipes[fd] = run
 
     def on_pipe(self, fd, run):
         try:
@@ -1062,15 +1524,15 @@ class Runner:
             self.stop(run, "output")
 
     def stop(self, run, why):
-        """Kills a call's processes. When nothing else lives in the container, kills
-        every process but us at once (kill(-1) cannot race with a fork bomb's forks)."""
-        run.kill(why)
-        if run.sid is None and not self.sessions and set(self.jobs) <= {run.pid}:
-            self.drop_standby()
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
+        """Kills a call: a stateless one answers at once; a cell's head reports the kill
+        ("died"), or the session is lost after RECOVER_S."""
+        run.killed, run.kill_time = why, time.monotonic()
+        if run.sid is None:
+            self.finish_job(run, None, None, signal.SIGKILL)
+            return
+        s = self.sessions.get(run.sid)
+        if s is not None and s.cell is run:
+            self.tidy(s.family, roots=(s.head,), keep={s.head})
 
     def close_pipe(self, fd, run):
         """Closes `run`'s pipe `fd` (fd numbers are reused: only if it is still `run`'s)."""
@@ -1098,158 +1560,44 @@ class Runner:
                     cap.add(data)
             self.close_pipe(fd, run)
 
-    def close_run_pipes(self, run):
-        for fd in list(run.fds):
-            self.close_pipe(fd, run)
-
     def on_timers(self):
         now = time.monotonic()
         for run in self.runs():
             if run.killed is None and now >= run.deadline:
                 self.stop(run, "timeout")
-            elif run.kill_time is not None and now >= run.kill_time + 1.5 and run.sid is not None:
-                # The cell's head did not report within 1.5 s of the kill: the session is gone.
+            elif run.sid is not None and run.kill_time is not None and now >= run.kill_time + RECOVER_S:
                 s = self.sessions.get(run.sid)
                 if s is not None and s.cell is run:
                     self.lose_session(
                         s, "session lost: it did not recover after the call was stopped (%s)" % run.killed
                     )
-            elif run.kill_time is not None and now >= run.kill_time + 1.5:
-                run.kill(run.killed)
-                run.kill_time = now
-        if self.sweep_at is not None and now >= self.sweep_at:
-            self.sweep_at = None
-            self.sweep()
+        for s in list(self.sessions.values()):
+            if s.deadline is not None and now >= s.deadline and s.state == "starting":
+                self.lose_session(s, "session lost: the fork did not finish in %.0f s" % FORK_S)
 
     def on_wake(self):
-        try:
-            while os.read(self.wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        self.reap()
-
-    def reap(self):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, _ in reap(self.wake_r):  # our children: the zygote, pipe writers, and every orphan
+            if pid == self.zpid:
+                self.zygote_died()
             self.helpers.discard(pid)
-            run = self.jobs.get(pid)
-            if run is not None:
-                self.finish_job(run, *decode_status(status))
-            elif self.standby is not None and pid == self.standby.pid:
-                self.drop_standby()
-
-    def settle(self, budget=1.0):
-        """Sweeps until no stray is left alive (killed processes need CPU time to exit
-        and a throttled container may not give it at once), for at most `budget` s."""
-        end = time.monotonic() + budget
-        if not self.jobs and not self.sessions:
-            # Nothing may live: everything but us is a stray. kill(-1) reaches every
-            # process, one that is being forked too, so there is nothing to wait for.
-            self.drop_standby()
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-            self.sweep()
-            return
-        while self.sweep() and time.monotonic() < end:
-            time.sleep(0.005)
-            self.reap()
-
-    def sweep(self):
-        """Kills every process that no call in flight and no session owns; returns how many."""
-        parents = {}
-        zombies = set()
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % name, "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                parents[int(name)] = int(fields[1])
-                if fields[0] in (b"Z", b"X"):
-                    zombies.add(int(name))
-            except (OSError, ValueError, IndexError):
-                continue
-        me = os.getpid()
-        roots = set(self.jobs)  # their descendants may live
-        heads = set(self.helpers)
-        if self.standby is not None:
-            heads.add(self.standby.pid)
-        for s in list(self.sessions.values()):
-            # Heads change hands by message: read them first, so a cell that just became
-            # its session's head (and an orphan) is not taken for a stray.
-            self.read_ctrl(s)
-            pids = [s.head] + [m.get("head") or m.get("pid") for m in s.inbox if m]
-            if s.cell is not None:
-                pids.append(s.cell.pid)
-            for pid in pids:
-                if isinstance(pid, int) and pid > 1:
-                    heads.add(pid)
-                    if s.state in ("busy", "starting"):
-                        roots.add(pid)
-        killed = 0
-        for pid in parents:
-            if pid in (me, 1) or pid in heads or pid in roots:
-                continue
-            p, seen = parents.get(pid), 0
-            while p not in (None, 0, 1, me) and p not in roots and seen < 256:
-                p, seen = parents.get(p), seen + 1
-            if p in roots or pid in zombies:
-                continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        if killed:
-            self.sweep_at = time.monotonic() + 0.2  # leftovers may still be forking
-        return killed
-
-    def clean_workdir(self):
-        keep = {os.path.basename(s.dir) for s in self.sessions.values()}
-        if self.standby is not None:
-            keep.add(os.path.basename(self.standby.dir))
-        keep |= {os.path.basename(r.dir) for r in self.jobs.values() if r.dir}
-        try:
-            names = os.listdir(WORK)
-        except OSError:
-            return
-        for name in names:
-            if name in keep:
-                continue
-            path = os.path.join(WORK, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            self.head_exited(pid)
 
 
-def decode_status(status):
-    if os.WIFSIGNALED(status):
-        return None, os.WTERMSIG(status)
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status), None
-    return None, None
+def valid_sid(sid):
+    return isinstance(sid, str) and 0 < len(sid) <= 64 and sid.isascii() and sid.isalnum()
 
 
-def set_not_dumpable():
-    """Code running as our uid may not open /proc/1/fd (our host stream) nor ptrace us."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except Exception:
-        pass
+def descends(pid, roots, heads, procs):
+    """Whether `pid` is one of `roots` or below one, not through another head (a
+    session forked from a head is its child, and its own tree)."""
+    p, seen = pid, 0
+    while p in procs and seen < 256:
+        if p in roots:
+            return True
+        if p in heads:
+            return False
+        p, seen = procs[p][0], seen + 1
+    return False
 
 
 def warm_up(code):
@@ -1270,9 +1618,13 @@ def warm_up(code):
 
 
 def main(argv):
-    """argv: one JSON object {"preload": [module, ...], "warmup": code}."""
+    """argv: one JSON object {"preload": [module, ...], "warmup": code, "nproc": n}."""
     set_not_dumpable()
+    set_comm("sandbox-runner")
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores default-action signals from inside
+    if os.getuid() != 0:
+        print("runner: must start as root (uid 0 with CAP_SETUID) to give each call its own uid", file=sys.stderr)
+        sys.exit(2)
     opts = json.loads(argv[0]) if argv else {}
     preloaded = []
     for mod in opts.get("preload", []):
@@ -1282,13 +1634,23 @@ def main(argv):
         except Exception:
             pass
     os.makedirs(WORK, exist_ok=True)
+    os.chmod(WORK, 0o711)  # others may enter their own directory, never list them
     os.chdir(WORK)
     warm_up(opts.get("warmup"))
     # Forked calls share these pages; frozen objects are never scanned by a
     # child's garbage collector, so a child does not copy the pages they live on.
     gc.collect()
     gc.freeze()
-    Runner(preloaded).serve()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zpid = os.fork()  # now, before the first request: the zygote never sees one
+    if zpid == 0:
+        ours.close()
+        try:
+            zygote_main(theirs, int(opts.get("nproc", 64)))
+        finally:
+            os._exit(1)
+    theirs.close()
+    Runner(preloaded, ours, zpid).serve()
 
 
 if __name__ == "__main__":

@@ -24,12 +24,21 @@ def clean_code(query: str) -> str:
 
 
 def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0.0) -> ToolResult:
-    """What the model reads: stdout, then stderr (traceback tail), then why it stopped."""
+    """What the model reads: stdout, then stderr (traceback tail), then why it stopped.
+
+    `r` is checked first: a field of the wrong type (it came from inside the
+    container) gives an error result, never an exception."""
+    if not isinstance(r, ExecResult):
+        r = ExecResult(error=f"the sandbox gave no result ({type(r).__name__})")
+    r = r.checked()
     reason = None
     note = None  # a line for the model when the reason is not already in stderr
     if r.timed_out:
         reason = f"timeout after {cfg.timeout_s:g} s"
         note = f"TimeoutError: the code ran longer than {cfg.timeout_s:g} s and was stopped"
+        if r.session_lost:  # the model must learn both: its variables are gone too
+            reason += "; session lost"
+            note += f"\nSessionError: {r.error or 'session lost'}; {_FRESH}"
     elif r.output_limit:
         reason = "output too large"
         note = f"OutputError: the code printed more than {cfg.output_limit_bytes} bytes and was stopped"
@@ -70,6 +79,7 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
             "sandbox_s": r.duration_s,
             "container": r.container,
             "rolled_back": r.rolled_back,
+            "session_lost": r.session_lost,
         },
     )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from agentenv.errors import ToolError
 from agentenv.tools.search.format import Passage
-from agentenv.tools.search.http import HTTPSearchTool
+from agentenv.tools.search.http import HTTPSearchTool, json_text
 
 KEY_VARS = ("AGENTENV_BING_KEY", "BING_SEARCH_V7_SUBSCRIPTION_KEY")
 """Environment variables read for the key, in this order."""
@@ -72,8 +72,8 @@ class BingSearchTool(HTTPSearchTool):
             return []
         out = []
         for item in pages["value"]:
-            out.append(Passage(title=str(item.get("name", "")), text=str(item.get("snippet", "")),
-                               url=str(item.get("url", "")), id=str(item.get("url", ""))))
+            url = json_text(item, "url")
+            out.append(Passage(title=json_text(item, "name"), text=json_text(item, "snippet"), url=url, id=url))
         return out
 
     def _auth_hint(self) -> str:

@@ -75,7 +75,7 @@ class SearchCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn()
         except (OSError, sqlite3.Error) as e:
-            raise ToolError(f"cannot open search cache {str(self.path)!r}: {e}. Point `cache` at a writable file.") from e
+            raise ToolError(f"cannot open search cache {str(self.path)!r}: {e}. {_fix_hint(e)}") from e
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -155,8 +155,7 @@ class SearchCache:
             yield
         except sqlite3.Error as e:
             raise ToolError(
-                f"search cache {str(self.path)!r}: {what} failed ({type(e).__name__}: {e}). "
-                "Check free disk space and permissions, or point `cache` at another file."
+                f"search cache {str(self.path)!r}: {what} failed ({type(e).__name__}: {e}). {_fix_hint(e)}"
             ) from e
 
     def __len__(self) -> int:
@@ -173,6 +172,23 @@ class SearchCache:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def _fix_hint(e: BaseException) -> str:
+    """How to fix what SQLite (or the OS) reported, by its cause."""
+    name = getattr(e, "sqlite_errorname", "")
+    if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        return (
+            "The file is not an intact SQLite database (corrupt, or another kind of file): "
+            "delete it or point `cache` at another file."
+        )
+    if name == "SQLITE_FULL" or getattr(e, "errno", None) == 28:
+        return "The disk is full: free space or point `cache` at another disk."
+    if name in ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM") or isinstance(e, PermissionError):
+        return "The file or its folder is not writable: fix the permissions or point `cache` at a writable file."
+    if name == "SQLITE_BUSY":
+        return "Another process holds the write lock too long: raise busy_timeout_s or give each run its own `cache` file."
+    return "Check free disk space and permissions, or point `cache` at another file."
 
 
 class CachedSearchTool:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
-from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS
+from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, DEFAULT_MAX_RESPONSE_BYTES
 from agentenv.tools.search.ratelimit import TokenBucket
 
 Provider = Literal["local", "bing", "searxng", "dense", "replay"]
@@ -43,6 +43,8 @@ class SearchToolConfig:
         max_retry_after_s: A longer `Retry-After` fails at once.
         on_error: When a web provider stays down: `raise` ToolError (the episode
             is marked failed) or return an error `result` the model reads.
+        max_response_bytes: A web answer longer than this is not read (the
+            search fails as with a provider that is down).
         endpoint: Bing base url (default AGENTENV_BING_ENDPOINT, else Microsoft's)
             or SearXNG url (default AGENTENV_SEARXNG_ENDPOINT).
         api_key: Bing key; prefer the environment (AGENTENV_BING_KEY or
@@ -71,6 +73,7 @@ class SearchToolConfig:
     max_backoff_s: float = 8.0
     max_retry_after_s: float = 60.0
     on_error: Literal["raise", "result"] = "raise"
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     endpoint: str | None = None
     api_key: str | None = None
     market: str | None = None
@@ -89,7 +92,7 @@ class SearchToolConfig:
             raise bad("corpus", f"provider {self.provider!r} needs a JSONL corpus path")
         if self.provider == "replay" and not self.corpus:
             raise bad("corpus", "provider 'replay' needs the recording (a JSON of query -> results) as its corpus")
-        for key in ("k", "max_chars", "burst", "concurrency"):
+        for key in ("k", "max_chars", "burst", "concurrency", "max_response_bytes"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise bad(key, "must be an int >= 1")
@@ -172,6 +175,7 @@ def make_search_tool(
             concurrency=cfg.concurrency,
             limiter=limiter,
             on_error=cfg.on_error,
+            max_response_bytes=cfg.max_response_bytes,
         )
         if cfg.provider == "bing":
             from agentenv.tools.search.bing import BingSearchTool

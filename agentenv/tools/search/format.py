@@ -18,6 +18,9 @@ SEARCH_SCHEMA = {
 }
 """What every search provider declares to chat formats (`agentenv.tools.base.tool_schema`)."""
 
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+"""Most bytes of a web provider's answer; a real one is tens of kB (Bing's 50 results: ~100 kB)."""
+
 
 @dataclass(frozen=True)
 class Passage:

@@ -22,6 +22,7 @@ from agentenv.errors import ToolError
 from agentenv.tools.search.format import (
     DEFAULT_K,
     DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_RESPONSE_BYTES,
     SEARCH_DESCRIPTION,
     SEARCH_SCHEMA,
     Passage,
@@ -95,6 +96,8 @@ class HTTPSearchTool(abc.ABC):
         limiter: Token bucket every request (retries included) takes a token from.
         on_error: `raise` a ToolError when retries run out (the rollout marks the
             episode failed), or return an error `result` the model reads.
+        max_response_bytes: A longer body is not read: the search fails with a
+            ToolError (an error result with `on_error="result"`).
     """
 
     name = "search"
@@ -111,8 +114,10 @@ class HTTPSearchTool(abc.ABC):
         concurrency: int = 16,
         limiter: TokenBucket | None = None,
         on_error: OnError = "raise",
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ):
         self.k = k
+        self.max_response_bytes = max_response_bytes
         self.max_chars = max_chars
         self.show_url = show_url
         self.retry = retry
@@ -254,7 +259,7 @@ class HTTPSearchTool(abc.ABC):
                 async with st.session.get(url, params=params, headers=headers) as resp:
                     status = resp.status
                     retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
-                    body = await resp.read()
+                    body = await self._read_capped(resp)
             except asyncio.TimeoutError:
                 raise _Retryable(f"timed out after {self.retry.timeout_s:g} s") from None
             except aiohttp.ClientError as e:
@@ -265,8 +270,28 @@ class HTTPSearchTool(abc.ABC):
             self._raise_for_status(status, body)
         try:
             return self._parse(json.loads(body))
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
+        except Exception as e:  # noqa: BLE001 - any shape (RecursionError on deep nesting too) is a bad answer
             raise _Retryable(f"malformed response ({type(e).__name__}: {str(e)[:120]})") from None
+
+    async def _read_capped(self, resp: Any) -> bytes:
+        """The body, or a ToolError as soon as it is known to exceed `max_response_bytes`."""
+        cap = self.max_response_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            self._too_large(f"{resp.content_length} bytes announced")
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > cap:
+                self._too_large(f"more than {cap} bytes sent")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, what: str) -> None:
+        self._stats["failures"] += 1
+        raise ToolError(
+            f"{self.provider} answered with an oversized body ({what}; limit max_response_bytes="
+            f"{self.max_response_bytes}). Check the endpoint url, or raise search.max_response_bytes."
+        )
 
     def _raise_for_status(self, status: int, body: bytes) -> None:
         detail = body[:200].decode("utf-8", "replace").strip()
@@ -278,6 +303,16 @@ class HTTPSearchTool(abc.ABC):
 
     def _auth_hint(self) -> str:
         return "Check the API key."
+
+
+def json_text(item: Any, key: str) -> str:
+    """A text field of a provider's JSON hit: `null` or missing is "", never "None".
+
+    Raises:
+        AttributeError: `item` is not an object (a malformed answer).
+    """
+    value = item.get(key)
+    return "" if value is None else str(value)
 
 
 def _parse_retry_after(value: str | None) -> float | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentenv.errors import ToolError
 from agentenv.tools.search.format import Passage
-from agentenv.tools.search.http import HTTPSearchTool
+from agentenv.tools.search.http import HTTPSearchTool, json_text
 
 ENDPOINT_VAR = "AGENTENV_SEARXNG_ENDPOINT"
 
@@ -59,8 +59,8 @@ class SearxngSearchTool(HTTPSearchTool):
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
         out = []
         for item in payload["results"]:
-            out.append(Passage(title=str(item.get("title", "")), text=str(item.get("content") or ""),
-                               url=str(item.get("url", "")), id=str(item.get("url", ""))))
+            url = json_text(item, "url")
+            out.append(Passage(title=json_text(item, "title"), text=json_text(item, "content"), url=url, id=url))
         return out
 
     def _auth_hint(self) -> str:

@@ -21,19 +21,21 @@ async def timed(tool: PythonTool, code: str):
     return result, time.monotonic() - t0
 
 
-# Prints the processes of the container that are alive (not the runner, not this call),
-# leaving out the dying: zombies, exiting (PF_EXITING) or with SIGKILL pending.
+# Prints the processes of the container that are alive and run user code, other than this
+# call: not root's (the runner, the zygote), not the next call's process waiting for its code
+# ("sandbox-idle"), and not the dying: zombies, exiting (PF_EXITING) or with SIGKILL pending.
 LIVE_PROCESSES = """
 import os
-def dying(p):
+def stray(p):
     try:
         stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()
         status = dict(l.split(':', 1) for l in open(f'/proc/{p}/status') if ':' in l)
     except OSError:
-        return True
+        return False
     pending = int(status['SigPnd'], 16) | int(status['ShdPnd'], 16)
-    return stat[0] in 'ZX' or int(stat[6]) & 0x4 or pending & (1 << 8)
-print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid()) and not dying(p)))
+    dying = stat[0] in 'ZX' or int(stat[6]) & 0x4 or pending & (1 << 8)
+    return not dying and status['Uid'].split()[0] != '0' and status['Name'].strip() != 'sandbox-idle'
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and stray(p)))
 """
 
 
@@ -170,19 +172,22 @@ async def test_writing_outside_the_work_dir(py):
         "import os\nres = []\n"
         "for p in ['/evil', '/usr/evil', '/usr/lib/python3/evil', '/tmp/evil', '/var/tmp/evil', '/root/evil']:\n"
         "    try:\n        open(p, 'w').write('x'); res.append(p)\n    except OSError:\n        pass\n"
-        "open('mine.txt', 'w').write('ok')\nprint(res, os.getcwd().startswith('/work/'), os.getuid())"
+        "open('mine.txt', 'w').write('ok')\n"
+        "print(res, os.getcwd().startswith('/work/'), os.getuid() > 0 and os.stat('.').st_uid == os.getuid())"
     )
     r = await py(probe)
-    assert r.ok and r.text == "[] True 65534", r.text
+    assert r.ok and r.text == "[] True True", r.text
     await assert_serving(py)
 
 
 async def test_privileges_are_dropped(py):
     r = await py("print(open('/proc/self/status').read())")
     status = dict(line.split(":\t", 1) for line in r.text.splitlines() if ":\t" in line)
-    assert status["CapEff"].strip() == "0000000000000000"
+    assert status["CapEff"].strip() == status["CapPrm"].strip() == "0000000000000000"
     assert status["NoNewPrivs"].strip() == "1"
-    assert status["Uid"].split()[0] == "65534"
+    uids, gids = status["Uid"].split(), status["Gid"].split()
+    assert len(set(uids)) == 1 and int(uids[0]) >= 10000 and gids == uids  # real, effective, saved, fs
+    assert status["Groups"].strip() == ""
 
 
 async def test_killing_pid_1_and_the_runner(py):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool, SandboxPool, build_image
-from agentenv.tools.python_sandbox.pool import _owner_id
+from agentenv.tools.python_sandbox.pool import RUNNER_CAPS, _owner_id
 
 pytestmark = pytest.mark.docker
 
@@ -40,9 +41,13 @@ async def test_the_container_is_locked_down(docker_client, stateless_pool):
     host, conf = attrs["HostConfig"], attrs["Config"]
     assert host["NetworkMode"] == "none" and conf["NetworkDisabled"]
     assert host["Memory"] == 512 * 2**20 and host["MemorySwap"] == 512 * 2**20
-    assert host["PidsLimit"] == 64 and host["NanoCpus"] == 10**9
+    cfg = stateless_pool.config
+    assert host["PidsLimit"] == cfg.pids_limit * (cfg.sessions_per_container + 2) + 16 and host["NanoCpus"] == 10**9
     assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
-    assert "/work" in host["Tmpfs"] and conf["User"] == "65534:65534"
+    assert sorted(host["CapAdd"]) == sorted(RUNNER_CAPS)  # the runner's; every call drops them with its uid
+    assert "mode=0711" in host["Tmpfs"]["/work"] and conf["User"] == "0:0"
+    assert host["Sysctls"]["kernel.shmall"] == str(4096) and host["Sysctls"]["fs.mqueue.queues_max"] == "64"
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}}
     assert conf["Labels"][LABEL] == "1" and conf["Labels"][f"{LABEL}.owner"] == _owner_id()
 
 
@@ -135,3 +140,13 @@ async def test_the_pool_serves_any_event_loop(stateless_pool):
     assert r.ok and r.stdout == "45\n"
     r2 = await asyncio.gather(*(stateless_pool.run(f"print({i})") for i in range(3)))
     assert [x.stdout for x in r2] == ["0\n", "1\n", "2\n"]
+
+
+async def test_the_docker_log_of_a_container_stays_small(docker_client, stateless_pool):
+    # Replies go to the container's stdout, which Docker also logs: 4 MB of them must not stay on the host.
+    (cid,) = stateless_pool.containers
+    for _ in range(500):
+        r = await stateless_pool.run("print('x' * 8000)")
+        assert r.ok
+    path = docker_client.api.inspect_container(cid)["LogPath"]
+    assert os.path.getsize(path) <= (1 << 20) + 65536

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,7 +25,7 @@ from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean
             "output_limit_bytes",
             "100 must be >= output_head_bytes + output_tail_bytes = 8192",
         ),
-        ({"user": "0:0"}, "user", "'0:0'"),
+        ({"sessions_per_container": 0}, "sessions_per_container", "0"),
         ({"preload": ["numpy", "os; rm"]}, "preload", "'os; rm'"),
         ({"address_space_factor": 0.5}, "address_space_factor", "0.5"),
     ],
@@ -111,3 +113,109 @@ def test_tool_result_text_and_reasons():
     assert killed.error == "killed by SIGTERM"
     lost = to_tool_result(ExecResult(session_lost=True, error="session lost: its process died"), cfg)
     assert lost.error == "session lost" and "define your variables again" in lost.text
+
+
+GOOD_REPLY = {
+    "id": 1, "ok": True, "exit": 0, "signal": None, "timed_out": False, "output_limit": False, "oom": False,
+    "error": None, "stdout": "1\n", "stderr": "", "stdout_bytes": 2, "stderr_bytes": 0, "duration": 0.004,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("stdout", ["not", "text"]),
+        ("stderr", 7),
+        ("exit", "0"),
+        ("exit", True),
+        ("exit", 1 << 70),
+        ("signal", 9.0),
+        ("timed_out", "no"),
+        ("oom", 1),
+        ("error", ["x"]),
+        ("duration", "fast"),
+        ("duration", float("nan")),
+        ("duration", -1.0),
+        ("stdout_bytes", [1]),
+        ("stderr_bytes", None),
+        ("rolled_back", {}),
+        ("session_lost", "yes"),
+    ],
+)
+def test_a_reply_field_of_the_wrong_type_is_an_error_result(key, value):
+    r = ExecResult.from_reply({**GOOD_REPLY, key: value}, "c0ffee")
+    assert not r.ok and r.exit_code is None and r.container == "c0ffee"
+    field = {"exit": "exit_code", "duration": "duration_s"}.get(key, key)
+    assert r.error == f"the sandbox sent a malformed reply (bad {field})"
+    out = to_tool_result(r, PythonSandboxConfig())
+    assert not out.ok and isinstance(out.text, str) and "malformed reply" in out.text
+
+
+def test_replies_that_are_not_results_are_error_results():
+    assert ExecResult.from_reply(GOOD_REPLY, "c").ok
+    for reply, error in (
+        ([1, 2], "the sandbox sent a malformed reply (list)"),
+        ("text", "the sandbox sent a malformed reply (str)"),
+        ({"id": 1, "ok": False, "fail": "session lost"}, "session lost"),
+        ({"id": 1, "ok": False, "fail": {"a": 1}}, "the sandbox refused the call"),
+        ({**GOOD_REPLY, "ok": "true"}, "the sandbox refused the call"),
+    ):
+        r = ExecResult.from_reply(reply, "c")
+        assert not r.ok and r.error == error
+
+
+def test_to_tool_result_never_raises_on_a_malformed_result():
+    bad = ExecResult(stdout=b"bytes", stderr=None, exit_code="0", signal="KILL", error=["x"], duration_s="1")
+    out = to_tool_result(bad, PythonSandboxConfig())
+    assert not out.ok and out.error.startswith("the sandbox sent a malformed reply (bad stdout, stderr, exit_code")
+    assert to_tool_result(None, PythonSandboxConfig()).error == "the sandbox gave no result (NoneType)"
+
+
+def test_a_timeout_that_also_lost_the_session_says_both():
+    r = ExecResult(stdout="x\n", signal=9, timed_out=True, session_lost=True, error="session lost: it did not recover")
+    out = to_tool_result(r, PythonSandboxConfig(timeout_s=3))
+    assert out.error == "timeout after 3 s; session lost"
+    assert out.text.splitlines() == [
+        "x",
+        "TimeoutError: the code ran longer than 3 s and was stopped",
+        "SessionError: session lost: it did not recover; a fresh session starts with the next call, "
+        "so define your variables again",
+    ]
+
+
+def test_the_host_stream_drops_lines_it_cannot_match_to_a_request():
+    import concurrent.futures
+
+    from agentenv.tools.python_sandbox.pool import _Channel
+
+    ch = _Channel("c" * 64, None, None, None)
+    fut = concurrent.futures.Future()
+    ch.pending[3] = fut
+    for line in (b"not json", b"[1]", b'{"id": [3]}', b'{"id": true}', b'{"id": "3"}', b'{"no": "id"}', b"null"):
+        ch._dispatch(line)  # logged and dropped, never raised
+    assert not fut.done()
+    ch._dispatch(b'{"id": 3, "ok": true}')
+    assert fut.result() == {"id": 3, "ok": True}
+
+
+def test_the_runner_checks_a_status_from_user_code():
+    assert runner.checked_status({"exit": 0, "error": None}) == (0, None)
+    assert runner.checked_status({"exit": 1, "error": "ValueError: v"}) == (1, "ValueError: v")
+    for forged in ({"exit": "0"}, {"exit": True}, {"exit": None, "error": ["x"]}, [1], {"exit": 1 << 40}):
+        exit_code, error = runner.checked_status(forged)
+        assert exit_code is None and isinstance(error, str)
+
+
+async def test_a_full_pool_says_which_setting_to_raise():
+    from types import SimpleNamespace
+
+    from agentenv.errors import ToolError
+    from agentenv.tools.python_sandbox import SandboxPool
+
+    pool = SandboxPool(PythonSandboxConfig(mode="session", sessions_per_container=2, start_timeout_s=0.2))
+    pool._channels = [SimpleNamespace(closed=False, load=2)]  # one live container, both slots taken
+    pool._changed = asyncio.Event()
+    t0 = time.monotonic()
+    with pytest.raises(ToolError, match="1 containers x 2 sessions are open.*sessions_per_container"):
+        await pool._place()
+    assert 0.2 <= time.monotonic() - t0 < 1.0

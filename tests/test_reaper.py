@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentenv.policies._reaper import Reaper, child_pids
+from agentenv._reaper import Reaper, child_pids
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -34,7 +34,7 @@ def _wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 _OWNER = textwrap.dedent(
     """
     import subprocess, sys, time
-    from agentenv.policies._reaper import Reaper, child_pids
+    from agentenv._reaper import Reaper, child_pids
     before = child_pids()
     # a child that ignores SIGTERM: only the SIGKILL after the grace period ends it
     kids = [subprocess.Popen([sys.executable, "-c", code]) for code in (
@@ -81,3 +81,45 @@ def test_a_reused_pid_is_not_killed():
     reaper = Reaper([kid.pid])  # already gone: nothing to watch
     assert reaper.pid is None
     reaper.release()
+
+
+_TAGGED_OWNER = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from agentenv._reaper import Reaper, tagged
+    reaper = Reaper(grace_s=1.0, tag=True)  # armed before any child exists
+    with tagged(reaper.tag):
+        # a child, and a grandchild it starts itself: both carry the tag from birth
+        kid = subprocess.Popen([sys.executable, "-c",
+            "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+            "print(g.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # started after: not ours to reap
+    print(kid.pid, kid.stdout.readline().strip(), late.pid, reaper.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_tagged_children_and_grandchildren_end_when_the_owner_is_killed():
+    """No window: whatever starts inside `tagged()` is covered from birth, grandchildren too."""
+    owner = subprocess.Popen([sys.executable, "-c", _TAGGED_OWNER], stdout=subprocess.PIPE, text=True)
+    kid, grandkid, late, reaper = (int(x) for x in owner.stdout.readline().split())
+    assert all(_running(p) for p in (kid, grandkid, late, reaper))
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    left = _wait_gone([kid, grandkid, reaper])
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left
+    assert _running(late)  # untagged: left alone
+    os.kill(late, signal.SIGKILL)
+
+
+def test_dismissed_reaper_ends_nothing():
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    reaper = Reaper([kid.pid], grace_s=1.0)
+    reaper.release(reap=False)
+    time.sleep(0.3)
+    assert kid.poll() is None
+    kid.kill()
+    kid.wait()

