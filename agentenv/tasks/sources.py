@@ -123,11 +123,15 @@ class FileTasksConfig:
             question. Parquet: replaces each row's own system message (verl rows
             carry ARPO's, which describes the `tags` tool-call format; give one
             that fits another format, e.g. `hermes`).
+        prefill: Text every response begins with: appended to each task as the
+            assistant's message, which the policy continues (e.g. the opening of
+            a tool call, for a model that does not call tools on its own).
     """
 
     path: str
     eval_path: str | None = None
     system_prompt: str | None = None
+    prefill: str | None = None
 
 
 def _read_files(cfg: FileTasksConfig, load: Callable[[Path], list[Task]]) -> TaskSet:
@@ -145,8 +149,14 @@ def _read_files(cfg: FileTasksConfig, load: Callable[[Path], list[Task]]) -> Tas
                 raise
             raise ConfigError(key, f"{path!r} cannot be read as tasks: {e}") from None
 
+    def prefilled(tasks: list[Task]) -> list[Task]:
+        if not cfg.prefill:
+            return tasks
+        turn = {"role": "assistant", "content": cfg.prefill}
+        return [dataclasses.replace(t, messages=(*t.messages, turn)) for t in tasks]
+
     heldout = read(cfg.eval_path, "env.tasks.eval_path") if cfg.eval_path else []
-    return TaskSet(read(cfg.path, "env.tasks.path"), heldout)
+    return TaskSet(prefilled(read(cfg.path, "env.tasks.path")), prefilled(heldout))
 
 
 def jsonl_tasks(cfg: FileTasksConfig) -> TaskSet:
