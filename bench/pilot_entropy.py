@@ -16,17 +16,26 @@ with the real tools on ARPO's real questions:
   (`agentenv.training.scoring.sequence_logprobs`) on the sampled tokens.
 
 SmolLM2-135M almost never calls a tool on its own (measured here: 0 of 96
-samples in either format). So each question is sampled twice over:
+samples in either format), and when its response is opened with a tool's tag it
+seldom closes the call. So each question is sampled three times over:
 
 - `free`: the response as the model writes it; its first tokens give the
   entropy at the start of the response;
-- `tool`: the response is prefilled with the tool's opening tag (`<search>`
-  for QA, `<python>` for math: the task's last message is the assistant's
-  prefill, which the policy continues). The model writes the query or the code,
-  the env runs it with the real tool, and the model goes on from the result
-  (at most 3 calls). Entropy is read at each position after each tool result.
+- `prefilled`: the response is prefilled with the tool's opening tag
+  (`<search>` for QA, `<python>` for math: the task's last message is the
+  assistant's prefill, which the policy continues). The model writes the query
+  or the code, the env runs it with the real tool (an unclosed or empty call is
+  answered with an error result, as in training), and the model goes on from
+  the result (at most 3 calls);
+- `forced` (QA only): the first turn is given, `<search> question </search>`
+  (stepped into the env as the policy's turn, never scored), so every response
+  reads a real search result; from there the model writes on as above.
 
-    python bench/pilot_entropy.py [--questions 96] [--samples 2] [--out runs/pilot_entropy]
+Entropy is read at each position the model wrote after each tool result, by the
+kind of result: `search`/`python` (the tool ran) or `invalid` (an error result
+for a malformed call).
+
+    python bench/pilot_entropy.py [--questions 96] [--samples 2] [--out bench/results/pilot_entropy]
 
 Prints a table (mean entropy by token window after a tool result against the
 response's start, with the number of trajectories behind each number) and writes
@@ -164,6 +173,9 @@ def window_stats(rows: list[list[float]]) -> list[tuple[float, int]]:
     return out
 
 
+ENV = {"tool_format": "tags", "max_tool_calls": 3, "max_context_tokens": 3072, "max_result_tokens": 256}
+
+
 async def rollout(policy: Any, tokenizer: Any, tools: dict[str, Any], tasks: list[Any], samples: int, max_turn: int,
                   seed: int) -> list[Any]:  # fmt: skip
     from agentenv.envs import AgentEnv
@@ -171,13 +183,40 @@ async def rollout(policy: Any, tokenizer: Any, tools: dict[str, Any], tasks: lis
     from agentenv.types import SamplingParams
 
     engine = RolloutEngine(policy, RolloutConfig(episode_timeout_s=900, max_concurrency=64))
-    cfg = {"tool_format": "tags", "max_tool_calls": 3, "max_context_tokens": 3072, "max_result_tokens": 256}
     params = SamplingParams(max_tokens=max_turn, temperature=1.0)
     groups = await asyncio.gather(*(
-        engine.run_group(lambda: AgentEnv(list(tools.values()), tokenizer, config=cfg), t, samples, params, seed + i)
+        engine.run_group(lambda: AgentEnv(list(tools.values()), tokenizer, config=ENV), t, samples, params, seed + i)
         for i, t in enumerate(tasks)
     ))  # fmt: skip
     return [traj for g in groups for traj in g]
+
+
+def forced_call(task: Any) -> str:
+    """The given first turn of a `forced` response: the question itself as the search query."""
+    return f"<search> {task.messages[-1]['content'].strip()} </search>"
+
+
+async def rollout_forced(policy: Any, tokenizer: Any, tools: dict[str, Any], tasks: list[Any], samples: int,
+                         max_turn: int, seed: int) -> list[Any]:  # fmt: skip
+    """Episodes whose first turn is `forced_call(task)`, stepped into the env; the model writes every later turn."""
+    from agentenv.envs import AgentEnv
+    from agentenv.rollout import Episode
+    from agentenv.types import Generation, SamplingParams
+
+    params = SamplingParams(max_tokens=max_turn, temperature=1.0)
+    sem = asyncio.Semaphore(64)
+
+    async def one(task: Any, s: int) -> Any:
+        async with sem:
+            ep = Episode(policy, AgentEnv(list(tools.values()), tokenizer, config=ENV), params, s)
+            ep.reset(task)
+            ids = tokenizer.encode(forced_call(task), add_special_tokens=False)
+            await ep.step(Generation(ids, [0.0] * len(ids), [0.0] * len(ids), "stop"))
+            await ep.run()
+            await ep.env.aclose()
+            return ep.trajectory()
+
+    return list(await asyncio.gather(*(one(t, seed + 100 * i + j) for i, t in enumerate(tasks) for j in range(samples))))
 
 
 def main() -> None:
@@ -187,7 +226,7 @@ def main() -> None:
     ap.add_argument("--max-turn-tokens", type=int, default=96, help="tokens per turn (>= the 50 positions read)")
     ap.add_argument("--positions", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="runs/pilot_entropy")
+    ap.add_argument("--out", default="bench/results/pilot_entropy")
     ap.add_argument("--dump", type=int, default=0, help="print this many prefilled trajectories")
     ap.add_argument("--demo", action="store_true", help="append two worked examples to ARPO's system prompt")
     args = ap.parse_args()
@@ -214,22 +253,26 @@ def main() -> None:
         tasks = [with_demo(t) for t in tasks]
     t0 = time.perf_counter()
 
-    async def both() -> tuple[list[Any], list[Any]]:
-        free = rollout(policy, tokenizer, tools, tasks, args.samples, args.max_turn_tokens, args.seed)
-        tool = rollout(policy, tokenizer, tools, [prefilled(t) for t in tasks], args.samples, args.max_turn_tokens,
-                       args.seed + 10_000)  # fmt: skip
-        return await asyncio.gather(free, tool)
+    qa = [t for t in tasks if t.ability == "qa"]
 
-    free, tool = asyncio.run(both())
+    async def all_three() -> tuple[list[Any], list[Any], list[Any]]:
+        turn = args.max_turn_tokens
+        return await asyncio.gather(
+            rollout(policy, tokenizer, tools, tasks, args.samples, turn, args.seed),
+            rollout(policy, tokenizer, tools, [prefilled(t) for t in tasks], args.samples, turn, args.seed + 10_000),
+            rollout_forced(policy, tokenizer, tools, qa, args.samples, turn, args.seed + 20_000),
+        )
+
+    free, tool, forced = asyncio.run(all_three())
     rollout_s = time.perf_counter() - t0
     asyncio.run(tools["python"].aclose())
     policy.close()
-    failed = [t for t in free + tool if t.failed]
+    failed = [t for t in free + tool + forced if t.failed]
 
     # Exact entropies on the sampled tokens, and the order of each trajectory's calls.
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-    ent = {id(t): policy_entropies(model, t) for t in free + tool if not t.failed}
+    ent = {id(t): policy_entropies(model, t) for t in free + tool + forced if not t.failed}
     score_s = time.perf_counter() - t0
     for t in tool[: args.dump]:
         print(f"---- {t.finish_reason} {t.tool_calls}\n{tokenizer.decode(t.token_ids[t.prompt_len - 3:])}")
@@ -245,12 +288,16 @@ def main() -> None:
         return rows
 
     after: dict[str, list[list[float]]] = {}
-    for t, task in zip(tool, [prefilled(x) for x in tasks for _ in range(args.samples)]):
+    runs = [("prefilled", t, prefilled(x).messages[-1]["content"]) for t, x in
+            zip(tool, [x for x in tasks for _ in range(args.samples)])]  # fmt: skip
+    runs += [("forced", t, "") for t in forced]
+    for cond, t, prefill in runs:
         if t.failed:
             continue
-        for name, k, row in after_results(t, ent[id(t)], tokenizer, task.messages[-1]["content"]):
-            after.setdefault(f"after {name} result {k}", []).append(row)
-            after.setdefault("after any tool result", []).append(row)
+        for name, k, row in after_results(t, ent[id(t)], tokenizer, prefill):
+            if row:
+                after.setdefault(f"{cond}: after a {name} result", []).append(row)
+                after.setdefault("all: after any tool result", []).append(row)
     curves = {
         "response start (free)": first_turn(free),
         "response start (after the opening tag)": first_turn(tool),
@@ -263,8 +310,8 @@ def main() -> None:
         f"{sum(t.ability == 'math' for t in tasks)} math) from valid.parquet and train_10k.parquet; "
         f"{args.samples} samples per question and condition at T=1; turns of at most {args.max_turn_tokens} tokens",
         f"free responses: {len(free)} ({sum(t.num_tool_calls > 0 for t in free)} called a tool on their own); "
-        f"prefilled: {len(tool)}, {with_result} got at least one tool result "
-        f"(calls: {_count_calls(tool)}); failed: {len(failed)}",
+        f"prefilled: {len(tool)}, {with_result} got at least one tool result (calls: {_count_calls(tool)}); "
+        f"forced: {len(forced)} (calls: {_count_calls(forced)}, the forced one included); failed: {len(failed)}",
         f"rollout {rollout_s:.0f} s, exact entropies {score_s:.0f} s, total {time.perf_counter() - t_start:.0f} s",
         "",
         "| tokens after | " + " | ".join(f"{lo}-{hi}" for lo, hi in WINDOWS) + " |",
@@ -299,8 +346,8 @@ def plot(data: dict[str, dict[str, list]], positions: int, path: Path, questions
     fig, (ax, axn) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     xs = list(range(1, positions + 1))
     for name, c in data.items():
-        if name.startswith("after") and "result 1" not in name and "any" not in name:
-            continue  # later results: too few trajectories to plot
+        if not c["n"] or c["n"][0] < 5:
+            continue  # too few trajectories to draw a curve
         m = [float("nan") if v is None else v for v in c["mean"]]
         s = [0.0 if (v is None or math.isnan(v)) else v for v in c["sem"]]
         style = dict(lw=1.5)
