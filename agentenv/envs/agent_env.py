@@ -7,8 +7,11 @@ are made here with loss mask 0, the policy's turns with mask 1.
 Episode flow: `reset` renders the task's prompt; each `step` takes the policy's
 turn (up to a closing tool tag such as `</python>`, `</answer>` or EOS), parses
 it, and either ends the episode (answer, EOS, context full, unfinished turn) or
-answers the call with a `<result>` block as the next observation. The reward is
-non-zero only at the end.
+answers the call as the next observation. How calls and results are written is
+the env's tool-call format (`env.tool_format`: `tags`, results as `<result>`
+blocks; `hermes`, results as `tool` turns of the chat template); after each
+result the format checks that the context equals the conversation rendered from
+scratch. The reward is non-zero only at the end.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
+from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, Segment, Trajectory
@@ -106,8 +110,7 @@ class AgentEnv(gymnasium.Env):
         self._reward_fn = reward_fn
         self.tasks: tuple[Task, ...] = tuple(tasks or ())
         self._owns_tools = owns_tools
-        self._format = TOOL_FORMATS.get(self.config.tool_format)
-        self._formatter = self._format.result_formatter(tokenizer, self.config.result_template, self.config.truncation_marker)
+        self._format = TOOL_FORMATS.get(self.config.tool_format).bind(tokenizer, self.config, self._prototypes)
         self._eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
         self._vocab_size = len(tokenizer)
         self.observation_space = TokenSequence(self._vocab_size)
@@ -123,6 +126,8 @@ class AgentEnv(gymnasium.Env):
         self._task: Task | None = None
         self._context: list[int] = []
         self._segments: list[Segment] = []
+        self._messages: list[dict[str, Any]] = []  # the episode as chat messages (how the format renders it)
+        self._response_prefix = ""  # a prefill the task's messages end with: the start of the first turn
         self._tools: dict[str, Tool] = {}
         self._tool_calls: dict[str, int] = {}
         self._tool_time_s = 0.0
@@ -144,8 +149,8 @@ class AgentEnv(gymnasium.Env):
     @property
     def stop_strings(self) -> tuple[str, ...]:
         """Where a turn ends in the env's tool-call format (`tags`: the tools' closing tags, then
-        `</answer>`): pass them as `SamplingParams.stop`."""
-        return self._format.stop_strings(self._prototypes)
+        `</answer>`; `hermes`: `</tool_call>`, `</answer>`): pass them as `SamplingParams.stop`."""
+        return tuple(self._format.stop_strings)
 
     @property
     def context(self) -> list[int]:
@@ -203,9 +208,7 @@ class AgentEnv(gymnasium.Env):
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         if not isinstance(task, Task):
             raise TypeError(f"options['task'] must be an agentenv Task, got {type(task).__name__}")
-        from agentenv.tasks.prompts import render_prompt
-
-        prompt = list(render_prompt(self.tokenizer, task.messages))
+        messages, prompt = self._format.prompt(task.messages)
         if len(prompt) >= self.config.max_context_tokens:
             raise ConfigError(
                 "env.max_context_tokens",
@@ -216,6 +219,8 @@ class AgentEnv(gymnasium.Env):
         self._clear_episode()
         self._started = True
         self._task = task
+        self._messages = messages
+        self._response_prefix = messages[-1]["content"] if is_prefilled(messages) else ""
         self._tools = {name: proto.fork() for name, proto in self._prototypes.items()}
         self._append(Segment("prompt", prompt))
         return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
@@ -250,18 +255,20 @@ class AgentEnv(gymnasium.Env):
         self._append(Segment("policy", ids, logprobs, entropies))
         self._turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        parsed = self._format.parse(text, self._prototypes)
+        if self._turns == 1:  # the first turn continues the task's prefill, if any
+            text = self._response_prefix + text
+        parsed = self._format.parse(text)
         eos = finish == "eos" or (bool(ids) and self._eos_id is not None and ids[-1] == self._eos_id)
 
         if parsed.kind == "answer":
             return await self._finish("answer", terminated=True)
-        if eos:
+        if eos and not (self._format.eos_ends_turn and parsed.kind in ("call", "malformed")):
             return await self._finish("eos", terminated=True)
         if self.remaining_tokens <= 0:
             return await self._finish("context", truncated=True)
         if parsed.kind == "none":
             return await self._finish("length", truncated=True)
-        if self.remaining_tokens < self._formatter.min_tokens:
+        if self.remaining_tokens < self._format.min_result_tokens:
             # No result could be shown: do not run the call.
             return await self._finish("context", truncated=True)
 
@@ -270,11 +277,14 @@ class AgentEnv(gymnasium.Env):
         if made is None:
             return await self._finish("tool_limit", truncated=True)
         budget = min(self.config.max_result_tokens, self.remaining_tokens)
-        obs, cut = self._formatter.encode(made, budget)
+        shown = self._format.result(self._messages, ids, parsed, made, budget)
+        obs = shown.token_ids
         if not obs:
             return await self._finish("context", truncated=True)
+        self._messages = shown.messages
         self._append(Segment("tool", obs))
-        info["result_truncated"] = cut
+        self._format.check(self._messages, self._segments)
+        info["result_truncated"] = shown.cut
         if self.remaining_tokens <= 0:
             return await self._finish("context", truncated=True, obs=obs, info=info)
         return as_token_array(obs), 0.0, False, False, info
@@ -346,10 +356,11 @@ class AgentEnv(gymnasium.Env):
 
         Tool results are left out, so nothing a tool prints (an `<answer>`, a
         stray `</result>`) can earn or spoil a reward; each turn is decoded on
-        its own, so no tag can form across a turn boundary.
+        its own, so no tag can form across a turn boundary. A prefill the task's
+        messages end with is the start of the first turn.
         """
         turns = (s.token_ids for s in self._segments if s.source == "policy")
-        return "\n".join(self.tokenizer.decode(ids, skip_special_tokens=True) for ids in turns)
+        return self._response_prefix + "\n".join(self.tokenizer.decode(ids, skip_special_tokens=True) for ids in turns)
 
     def _count(self, key: str) -> None:
         self._tool_calls[key] = self._tool_calls.get(key, 0) + 1
@@ -424,6 +435,7 @@ class AgentEnv(gymnasium.Env):
             return new
         new._context = list(self._context)
         new._segments = [_copy_segment(s) for s in self._segments]
+        new._messages = list(self._messages)
         new._tool_calls = dict(self._tool_calls)
         new._tool_time_by_name = dict(self._tool_time_by_name)
         new._reward_info = dict(self._reward_info)

@@ -8,6 +8,8 @@
       reward: arpo              # a registered reward or 'package.module:attr'
       max_tool_calls: 3
       max_context_tokens: 512
+      tool_format: hermes       # or tags (ARPO's, the default)
+      chat_template: chatml_hermes   # None: the tokenizer's own
 
 Budgets are checked when the config is made; the parts it names (tools,
 tasks, reward) are looked up in their registries, and a run config checks
@@ -56,8 +58,15 @@ class AgentEnvConfig:
             run, a web search with its retries, a page fetch and its summary).
         result_template: How a result is shown; holds `{text}` once.
         truncation_marker: Appended to a result text that was cut.
-        tool_format: How calls and results are written: `tags` (ARPO's), a
-            registered format or `module:attr` (see `agentenv.envs.formats`).
+        tool_format: How calls and results are written: `tags` (ARPO's: tags
+            inside one assistant turn), `hermes` (JSON calls in `<tool_call>`,
+            results as `tool` turns of the chat template), a registered format or
+            `module:attr` (see `agentenv.envs.formats`).
+        chat_template: The chat template prompts and turns are rendered with:
+            None (the tokenizer's own), a template shipped with agentenv
+            (`chatml_hermes`: ChatML with hermes-style tools), or a Jinja file.
+        chat_template_kwargs: Extra variables for every rendering (e.g. Qwen3's
+            `enable_thinking: false`).
     """
 
     tools: Mapping[str, Any] | tuple[str, ...] = ("search", "python")
@@ -70,6 +79,8 @@ class AgentEnvConfig:
     result_template: str = DEFAULT_RESULT_TEMPLATE
     truncation_marker: str = DEFAULT_TRUNCATION_MARKER
     tool_format: str = "tags"
+    chat_template: str | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         tools = self.tools
@@ -88,6 +99,9 @@ class AgentEnvConfig:
         validate_result_fields(
             "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
         )
+        if not isinstance(self.chat_template_kwargs, Mapping):
+            raise ConfigError("env.chat_template_kwargs", f"expected a mapping, got {self.chat_template_kwargs!r}")
+        object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
         if self.max_result_tokens >= self.max_context_tokens:
             raise ConfigError(
                 "env.max_result_tokens",
@@ -117,10 +131,12 @@ class AgentEnvConfig:
         return get_reward(self.reward)
 
     def validate_parts(self) -> None:
-        """Look up the tools, the reward and the tool-call format now, so a typo fails at load time."""
+        """Look up the tools, the reward, the tool-call format and the chat template now, so a typo fails at load time."""
+        from agentenv.envs.chat import load_chat_template
         from agentenv.envs.formats import TOOL_FORMATS
 
         self.tool_parts()
         self.reward_fn()
         TOOL_FORMATS.get(self.tool_format)
+        load_chat_template(self.chat_template)
 

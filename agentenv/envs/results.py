@@ -1,10 +1,13 @@
-"""Tool results as tokens: the one place both envs format, truncate and call tools.
+"""Tool results as tokens: the one place every env and format encodes, truncates and calls tools.
 
-A result is encoded in three pieces, the template's prefix, the tool's text and
-the template's suffix, so truncating the text is a cut of its token ids (no
-decode-and-re-encode) and the text can never inject special tokens such as EOS:
-the template may hold special tokens, the tool's text is encoded with
-`split_special_tokens=True`.
+A result is framed text: the template's head, the tool's text, the template's
+tail (`<result>\n{text}\n</result>`, or the chat template's text around a
+tool turn). The frame is tokenized whole, as the same text tokenizes from
+scratch (tokenizing the pieces apart could merge differently at their seams),
+and a text too long for its budget is cut in text space, at a token boundary of
+the text alone, before the marker is added. The template may hold special
+tokens; the tool's text cannot inject any: a special-token string in it is
+broken by a zero-width space (U+200B) after its first character.
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+ZWSP = "\u200b"
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special-token strings (longest first), which a tool's text must not spell."""
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            specials.add(added.content)
+    return sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
+
+
+def defuse(text: str, specials: list[str]) -> str:
+    """`text` with every special-token string broken by a zero-width space after its first character."""
+    for s in specials:
+        if s in text:
+            text = text.replace(s, s[0] + ZWSP + s[1:])
+    return text
+
+
 @dataclass
 class ResultFormatter:
     """Turns a result text into token ids that fit a budget.
@@ -63,16 +86,17 @@ class ResultFormatter:
     marker: str = DEFAULT_TRUNCATION_MARKER
 
     def __post_init__(self) -> None:
-        head, _, tail = self.template.partition("{text}")
-        # The template's own text may hold special tokens on purpose (a chat turn).
-        self._head = list(self.tokenizer.encode(head, add_special_tokens=False)) if head else []
-        self._tail = list(self.tokenizer.encode(tail, add_special_tokens=False)) if tail else []
-        self._marker = encode_text(self.tokenizer, self.marker)
+        self._head, _, self._tail = self.template.partition("{text}")
+        self._specials = special_strings(self.tokenizer)
 
     @property
     def min_tokens(self) -> int:
         """Tokens of the smallest result (empty text cut to nothing, with the marker)."""
-        return len(self._head) + len(self._tail) + len(self._marker)
+        return len(self._encode(self._head + self.marker + self._tail))
+
+    def _encode(self, text: str) -> list[int]:
+        # Template text: its special tokens are honored (the tool's text has none left).
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
     def encode(self, text: str, budget: int) -> tuple[list[int], bool]:
         """Encode a result within `budget` tokens.
@@ -85,14 +109,31 @@ class ResultFormatter:
             (token ids, whether the text was cut). When even the empty template
             plus the marker exceeds the budget, returns ([], True).
         """
-        body = encode_text(self.tokenizer, text)
-        frame = len(self._head) + len(self._tail)
-        if frame + len(body) <= budget:
-            return self._head + body + self._tail, False
-        keep = budget - frame - len(self._marker)
-        if keep < 0:
-            return [], True
-        return self._head + body[:keep] + self._marker + self._tail, True
+        ids, _, cut = self.frame(self._head, text, self._tail, budget)
+        return ids, cut
+
+    def frame(self, head: str, text: str, tail: str, budget: int) -> tuple[list[int], str, bool]:
+        """`head + text + tail` tokenized whole within `budget` tokens, the text cut (and marked) if need be.
+
+        Returns:
+            (token ids, the text as shown (defused, maybe cut and marked), whether
+            it was cut). ([], "", True) when not even an empty cut result fits.
+        """
+        shown = defuse(text, self._specials)
+        ids = self._encode(head + shown + tail)
+        if len(ids) <= budget:
+            return ids, shown, False
+        body = encode_text(self.tokenizer, shown)
+        keep = budget - (len(ids) - len(body)) - len(encode_text(self.tokenizer, self.marker))
+        for _ in range(8):  # a cut may tokenize a little differently at its seams: shrink until it fits
+            if keep < 0:
+                break
+            shown = self.tokenizer.decode(body[:keep], clean_up_tokenization_spaces=False) + self.marker
+            ids = self._encode(head + shown + tail)
+            if len(ids) <= budget:
+                return ids, shown, True
+            keep = min(keep - 1, keep - (len(ids) - budget))
+        return [], "", True
 
 
 def result_text(result: ToolResult) -> str:

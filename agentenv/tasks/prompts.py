@@ -24,41 +24,61 @@ ARPO_SYSTEM_PROMPT = (
 )
 
 def _fallback_render(messages: Sequence[Mapping[str, str]]) -> str:
-    """`role: content` lines, then the open assistant turn."""
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
-    return "\n".join(lines) + "\nassistant:"
+    """`role: content` lines, then the open assistant turn (holding a prefill, if the last message is one)."""
+    prefill = messages[-1]["content"] if is_prefilled(messages) else ""
+    lines = [f"{m['role']}: {m['content']}" for m in messages[: len(messages) - bool(prefill)]]
+    return "\n".join(lines) + "\nassistant:" + prefill
 
 
-def render_prompt_text(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
-    """The prompt as text: the tokenizer's chat template, or a plain fallback.
+def is_prefilled(messages: Sequence[Mapping[str, str]]) -> bool:
+    """Whether the messages end with an assistant message: the start of the response, which the policy continues."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
+def render_prompt_text(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+) -> str:
+    """The prompt as text: the chat template, or a plain fallback.
 
     Args:
         tokenizer: A transformers tokenizer (or anything with `encode`). May be None
             for the plain rendering.
         messages: Chat messages, `{"role": ..., "content": ...}`.
+        chat_template: Jinja text used instead of the tokenizer's own.
+        **template_kwargs: Further template variables (e.g. `enable_thinking`).
 
     Returns:
-        The rendered prompt, ending where the assistant's reply begins.
+        The rendered prompt, ending where the assistant's reply begins; when the
+        last message is the assistant's (a prefill), ending after its text.
     """
     msgs = [dict(m) for m in messages]
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    if tokenizer is not None and (chat_template or getattr(tokenizer, "chat_template", None)):
+        if chat_template is not None:
+            template_kwargs["chat_template"] = chat_template
+        cont = is_prefilled(msgs)
+        return tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=not cont, continue_final_message=cont, tokenize=False, **template_kwargs
+        )
     return _fallback_render(msgs)
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def render_prompt(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+) -> list[int]:
     """Render chat messages to prompt token ids, ready for generation.
 
-    Uses the tokenizer's chat template (with the generation prompt) where it has
-    one, else `system: ...\\nuser: ...\\nassistant:`. The text is encoded without
+    Uses the chat template (with the generation prompt) where there is one,
+    else `system: ...\nuser: ...\nassistant:`. The text is encoded without
     extra special tokens: the template already holds the ones it wants.
 
     Args:
         tokenizer: A transformers tokenizer.
         messages: Chat messages, `{"role": ..., "content": ...}`.
+        chat_template: Jinja text used instead of the tokenizer's own.
+        **template_kwargs: Further template variables.
 
     Returns:
         The prompt token ids.
     """
-    text = render_prompt_text(tokenizer, messages)
+    text = render_prompt_text(tokenizer, messages, chat_template, **template_kwargs)
     return list(tokenizer.encode(text, add_special_tokens=False))

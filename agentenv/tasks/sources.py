@@ -19,6 +19,7 @@ the search tool its corpus). Built in: `jsonl`, `parquet` (verl/ARPO schema),
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,12 +119,19 @@ class FileTasksConfig:
     Attributes:
         path: Training file.
         eval_path: Held-out file (none: no held-out tasks).
-        system_prompt: Put before the question of records that give only a question (JSONL).
+        system_prompt: JSONL: put before the question of records that give only a
+            question. Parquet: replaces each row's own system message (verl rows
+            carry ARPO's, which describes the `tags` tool-call format; give one
+            that fits another format, e.g. `hermes`).
+        prefill: Text every response begins with: appended to each task as the
+            assistant's message, which the policy continues (e.g. the opening of
+            a tool call, for a model that does not call tools on its own).
     """
 
     path: str
     eval_path: str | None = None
     system_prompt: str | None = None
+    prefill: str | None = None
 
 
 def _read_files(cfg: FileTasksConfig, load: Callable[[Path], list[Task]]) -> TaskSet:
@@ -141,8 +149,14 @@ def _read_files(cfg: FileTasksConfig, load: Callable[[Path], list[Task]]) -> Tas
                 raise
             raise ConfigError(key, f"{path!r} cannot be read as tasks: {e}") from None
 
+    def prefilled(tasks: list[Task]) -> list[Task]:
+        if not cfg.prefill:
+            return tasks
+        turn = {"role": "assistant", "content": cfg.prefill}
+        return [dataclasses.replace(t, messages=(*t.messages, turn)) for t in tasks]
+
     heldout = read(cfg.eval_path, "env.tasks.eval_path") if cfg.eval_path else []
-    return TaskSet(read(cfg.path, "env.tasks.path"), heldout)
+    return TaskSet(prefilled(read(cfg.path, "env.tasks.path")), prefilled(heldout))
 
 
 def jsonl_tasks(cfg: FileTasksConfig) -> TaskSet:
@@ -156,9 +170,17 @@ def parquet_tasks(cfg: FileTasksConfig) -> TaskSet:
     """`parquet`: verl/ARPO parquet files (see `agentenv.tasks.loaders.load_verl_parquet`)."""
     from agentenv.tasks.loaders import load_verl_parquet
 
-    if cfg.system_prompt is not None:
-        raise ConfigError("env.tasks.system_prompt", "verl parquet rows carry their own prompt; remove system_prompt")
-    return _read_files(cfg, load_verl_parquet)
+    def load(path: Path) -> list[Task]:
+        tasks = load_verl_parquet(path)
+        if cfg.system_prompt is None:
+            return tasks
+        system = {"role": "system", "content": cfg.system_prompt}
+        return [
+            dataclasses.replace(t, messages=(system, *(m for m in t.messages if m.get("role") != "system")))
+            for t in tasks
+        ]
+
+    return _read_files(cfg, load)
 
 
 # --------------------------------------------------------------------------- any dataset through `datasets`

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from agentenv.types import ToolResult
 
@@ -22,6 +24,11 @@ class Tool(Protocol):
     point `AgentEnv.fork()` forks the episode's tools; when an episode ends the
     env calls `aclose()` on the episode's tools. Whoever built the prototype
     closes it (and any shared pool behind it).
+
+    Optional attributes, for chat formats that describe tools to the model
+    (`hermes`): `description` (what the tool does) and `schema` (the JSON schema
+    of its arguments, an object). A tool without them takes one string `query`
+    (see `tool_schema`).
     """
 
     name: str
@@ -33,3 +40,50 @@ class Tool(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- schemas for chat formats
+DEFAULT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "description": "What to ask the tool."}},
+    "required": ["query"],
+}
+"""The arguments of a tool that declares no `schema`: one string, its query."""
+
+
+def tool_schema(tool: Any) -> dict[str, Any]:
+    """The tool as a function schema (`{"type": "function", "function": {name, description, parameters}}`),
+    what chat templates take as `tools`.
+
+    A tool may declare `description` (what it does, for the model) and `schema`
+    (the JSON schema of its arguments, an object); a tool without them is one
+    that takes a string `query`.
+    """
+    description = getattr(tool, "description", None) or f"The {tool.name} tool: give it a query, read its answer."
+    parameters = getattr(tool, "schema", None) or DEFAULT_PARAMETERS
+    return {"type": "function", "function": {"name": tool.name, "description": description, "parameters": parameters}}
+
+
+def query_from_arguments(tool: Any, arguments: Mapping[str, Any]) -> str:
+    """The query a tool is called with, from a call's JSON arguments.
+
+    A tool whose schema has one parameter gets that argument's value (a number
+    as its text); a tool with several gets the arguments as a JSON object (it
+    parses them, as `browse` does).
+
+    Raises:
+        ValueError: A required argument is missing or the one argument is not text
+            (a message the model can read).
+    """
+    schema = tool_schema(tool)["function"]["parameters"]
+    parameters, required = schema.get("properties") or {}, schema.get("required") or []
+    missing = [k for k in required if k not in arguments]
+    if missing:
+        raise ValueError(f"{tool.name} needs the argument {missing[0]!r} (its arguments: {', '.join(parameters) or 'none'})")
+    if len(parameters) == 1:
+        (name,) = parameters
+        value = arguments.get(name, "")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"{tool.name}'s argument {name!r} must be a string, got {json.dumps(value)}")
+        return str(value)
+    return json.dumps(dict(arguments), ensure_ascii=False)

@@ -85,6 +85,13 @@ def test_jsonl_and_parquet_sources(tmp_path):
     assert out.train[0].ground_truth == "4" and out.train[0].messages[0]["content"] == "Be brief." and len(out.heldout) == 1
     verl = tasks({"source": "parquet", "path": "/work/shared/data/arpo/valid.parquet", "limit": 5})
     assert len(verl.train) == 5 and verl.train[0].metadata["source"] == "verl"
+    # Another format's system prompt replaces the rows' own (ARPO's describes tags); a prefill ends each task.
+    mine = tasks({"source": "parquet", "path": "/work/shared/data/arpo/valid.parquet", "limit": 5,
+                  "system_prompt": "Use <tool_call>.", "prefill": "<tool_call>"})  # fmt: skip
+    roles = [m["role"] for m in mine.train[0].messages]
+    assert roles == ["system", "user", "assistant"], roles
+    assert mine.train[0].messages[0]["content"] == "Use <tool_call>." and mine.train[0].messages[-1]["content"] == "<tool_call>"
+    assert mine.train[0].messages[1] == verl.train[0].messages[-1]
     with pytest.raises(ConfigError, match=r"env\.tasks\.path: '.*nope\.jsonl' does not exist"):
         tasks({"source": "jsonl", "path": str(tmp_path / "nope.jsonl")})
     with pytest.raises(ConfigError, match=r"env\.tasks\.eval_path: '.*' is a folder, not a file"):

@@ -57,6 +57,8 @@ class FollowSearchTool:
         self.top_k = top_k
         self.passage_chars = passage_chars
         self.name = search.name
+        self.description = getattr(search, "description", None)
+        self.schema = getattr(search, "schema", None)
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()

@@ -102,6 +102,15 @@ class BrowserTool:
     """
 
     name = "browse"
+    description = "Open a web page and read the part of it that matters to a goal (summarized)."
+    schema = {
+        "type": "object",
+        "properties": {
+            "url": {"type": "string", "description": "The page's address."},
+            "goal": {"type": "string", "description": "What to look for on the page."},
+        },
+        "required": ["url"],
+    }
 
     def __init__(self, config: BrowserConfig | None = None, summarizer: Any = None, cache: Any = None):
         self.config = config or BrowserConfig()

@@ -106,6 +106,12 @@ class PythonTool:
     """
 
     name = "python"
+    description = "Run Python code in a sandbox and read what it prints (stdout, then stderr)."
+    schema = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "Python code; print() what you need to read."}},
+        "required": ["code"],
+    }
 
     def __init__(self, config: PythonSandboxConfig | None = None, *, pool: SandboxPool | None = None):
         if pool is not None and config is not None and config is not pool.config:

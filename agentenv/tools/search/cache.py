@@ -209,6 +209,8 @@ class CachedSearchTool:
         self.tool = tool
         self.cache = cache
         self.name = tool.name
+        self.description = getattr(tool, "description", None)
+        self.schema = getattr(tool, "schema", None)
         self.provider = tool.provider
         self._params = dict(tool.cache_params)
         # In-flight fetches and counters, shared by every fork of this tool.

@@ -11,8 +11,8 @@ from agentenv.loader import build_dataclass
 from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, DEFAULT_MAX_RESPONSE_BYTES
 from agentenv.tools.search.ratelimit import TokenBucket
 
-Provider = Literal["local", "bing", "searxng", "dense"]
-_PROVIDERS = ("local", "bing", "searxng", "dense")
+Provider = Literal["local", "bing", "searxng", "dense", "replay"]
+_PROVIDERS = ("local", "bing", "searxng", "dense", "replay")
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,12 @@ class SearchToolConfig:
 
     Attributes:
         provider: `local` (BM25 over `corpus`), `dense` (faiss + MiniLM over
-            `corpus`), `bing` (a Bing v7 endpoint) or `searxng` (a SearXNG instance).
-        corpus: JSONL corpus (`id`, `title`, `text`) for local and dense.
+            `corpus`), `bing` (a Bing v7 endpoint), `searxng` (a SearXNG instance)
+            or `replay` (recorded web results replayed, BM25 over their snippets
+            for other queries; `agentenv.tools.search.replay`).
+        corpus: JSONL corpus (`id`, `title`, `text`) for local and dense; for
+            replay the recording, a JSON object of query -> `Page i: snippet`
+            lines (ARPO's `search_cache.json`).
         index_dir: Where the local/dense index is saved; default beside the corpus.
         k: Results per query (ARPO: Bing's top 10).
         max_chars: Each passage or snippet is cut to this many characters (ARPO: 1,000).
@@ -86,6 +90,8 @@ class SearchToolConfig:
             raise bad("provider", f"must be one of {', '.join(_PROVIDERS)}")
         if self.provider in ("local", "dense") and not self.corpus:
             raise bad("corpus", f"provider {self.provider!r} needs a JSONL corpus path")
+        if self.provider == "replay" and not self.corpus:
+            raise bad("corpus", "provider 'replay' needs the recording (a JSON of query -> results) as its corpus")
         for key in ("k", "max_chars", "burst", "concurrency", "max_response_bytes"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -147,6 +153,12 @@ def make_search_tool(
 
         retriever = BM25Retriever.from_corpus(cfg.corpus, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b)
         tool = LocalSearchTool(retriever, k=cfg.k, max_chars=cfg.max_chars, provider="local")
+    elif cfg.provider == "replay":
+        from agentenv.tools.search.replay import ReplaySearchTool
+
+        tool = ReplaySearchTool.from_file(
+            cfg.corpus, k=cfg.k, max_chars=cfg.max_chars, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b
+        )
     elif cfg.provider == "dense":
         from agentenv.tools.search.dense import DenseRetriever
 

@@ -10,6 +10,14 @@ DEFAULT_K = 10
 DEFAULT_MAX_CHARS = 1000
 """Each passage's text is cut to this many characters (ARPO's setting)."""
 
+SEARCH_DESCRIPTION = "Search the web. Returns the top results, each as 'Page i: title' and a snippet."
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "description": "Keywords to search for."}},
+    "required": ["query"],
+}
+"""What every search provider declares to chat formats (`agentenv.tools.base.tool_schema`)."""
+
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 """Most bytes of a web provider's answer; a real one is tens of kB (Bing's 50 results: ~100 kB)."""
 

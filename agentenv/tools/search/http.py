@@ -23,6 +23,8 @@ from agentenv.tools.search.format import (
     DEFAULT_K,
     DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RESPONSE_BYTES,
+    SEARCH_DESCRIPTION,
+    SEARCH_SCHEMA,
     Passage,
     format_pages,
     no_results_text,
@@ -99,6 +101,8 @@ class HTTPSearchTool(abc.ABC):
     """
 
     name = "search"
+    description = SEARCH_DESCRIPTION
+    schema = SEARCH_SCHEMA
     provider = "http"
 
     def __init__(

@@ -7,7 +7,15 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, Passage, format_pages, no_results_text
+from agentenv.tools.search.format import (
+    DEFAULT_K,
+    DEFAULT_MAX_CHARS,
+    SEARCH_DESCRIPTION,
+    SEARCH_SCHEMA,
+    Passage,
+    format_pages,
+    no_results_text,
+)
 from agentenv.types import ToolResult
 
 MAX_QUERY_CHARS = 2000
@@ -35,6 +43,8 @@ class LocalSearchTool:
     """
 
     name = "search"
+    description = SEARCH_DESCRIPTION
+    schema = SEARCH_SCHEMA
 
     def __init__(self, retriever: Retriever, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, provider: str = "local"):
         self.retriever = retriever

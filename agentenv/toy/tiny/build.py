@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
-import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentenv.cache import build_once
 from agentenv.loader import build_dataclass
 from agentenv.toy.tiny.config import BUILD_VERSION, TinyBuildConfig, cache_root
 
@@ -24,22 +21,6 @@ KINDS = ("arith", "twohop", "both")
 
 def _log(msg: str) -> None:
     print(f"[tiny] {msg}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _file_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
-    """An exclusive `flock` on `path` (blocks while another process holds it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another process building the tiny model ({path})")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def sft_toy_config(cfg: TinyBuildConfig) -> Any:
@@ -85,18 +66,12 @@ def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **
     final = tiny_dir(cfg)
     if _is_built(final) and not force:
         return final
-    with _file_lock(final.with_name(final.name + ".lock"), log):
-        if _is_built(final) and not force:
-            return final  # another process built it while we waited
-        tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-        try:
-            build_tiny_model(tmp, cfg, log=log)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+    build_once(
+        final,
+        lambda tmp: build_tiny_model(tmp, cfg, log=log),
+        force=force,
+        on_wait=lambda: log(f"waiting for another process building the tiny model ({final})"),
+    )
     log(f"tiny model ready at {final}")
     return final
 
@@ -128,14 +103,7 @@ def _cached_tokenizer(cfg: TinyBuildConfig) -> Any:
 
     from agentenv.toy.tiny.tokenizer import train_tokenizer
 
-    path = _tokenizer_dir(cfg)
-    if (path / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    with _file_lock(path.with_name(path.name + ".lock"), _log):
-        if not (path / "tokenizer.json").is_file():
-            tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
-            train_tokenizer(cfg.seed, cfg.vocab_size).save_pretrained(tmp)
-            os.replace(tmp, path)
+    path = build_once(_tokenizer_dir(cfg), lambda tmp: train_tokenizer(cfg.seed, cfg.vocab_size).save_pretrained(tmp))
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
+from agentenv.cache import cache_root
 from agentenv.errors import ConfigError
 
 BUILD_VERSION = 8
@@ -15,13 +14,7 @@ BUILD_VERSION = 8
 key deliberately does not hash this package's source: editing the code must not
 silently send every test run into a rebuild."""
 
-CACHE_ENV = "AGENTENV_CACHE"
-
-
-def cache_root() -> Path:
-    """`$AGENTENV_CACHE` or `~/.cache/agentenv`."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "agentenv"
+__all__ = ["BUILD_VERSION", "TinyBuildConfig", "cache_root"]
 
 
 @dataclass(frozen=True)
