@@ -10,6 +10,7 @@ batch; `agentenv export` of the last checkpoint scores like the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,21 @@ def launch(nproc: int, cfg_file: Path, out: Path, phase: str) -> list[str]:
     ]  # fmt: skip
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc's parent links)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        kids = [c for c, p in parent.items() if p == here]
+        out += kids
+        todo += kids
+    return out
+
+
 def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path) -> None:
     first = subprocess.Popen(
         launch(nproc, cfg_file, out, "first"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -65,7 +81,13 @@ def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path) -> None:
             if first.poll() is not None or time.time() > deadline:
                 pytest.fail(f"the first run ended before its checkpoint 1:\n{first.stdout.read().decode()[-4000:]}")
             time.sleep(0.2)
-        os.killpg(first.pid, signal.SIGKILL)  # torchrun and its workers, mid-run
+        # torchrun and its workers, mid-run: torchrun starts each worker in a session of its own, so they are
+        # killed by pid (a killed launcher alone leaves them waiting in gloo for its 30-minute timeout)
+        workers = descendants(first.pid)
+        os.killpg(first.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     finally:
         first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL
