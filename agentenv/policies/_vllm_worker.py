@@ -57,9 +57,14 @@ class WorkerExtension:
         staged: dict[str, Any] = self.__dict__.pop("_agentenv_staged", {})
         if not staged:
             return 0
-        _skip_computed_buffers(self.model_runner.get_model())
+        model = self.model_runner.get_model()
+        _skip_computed_buffers(model)
+        if getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in staged:
+            # a trainer sends a tied tensor once (under the embedding's name); the reload counts the head's
+            # weight as its own, so it gets the same tensor (no copy) instead of a "Failed to load weights"
+            staged.setdefault("lm_head.weight", staged["model.embed_tokens.weight"])
         self.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
-        _refresh_tied_lm_head(self.model_runner.get_model())
+        _refresh_tied_lm_head(model)
         return len(staged)
 
     def agentenv_drop_staged_weights(self) -> None:
