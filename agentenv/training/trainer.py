@@ -533,11 +533,12 @@ def _broadcast_path(path: Path | None) -> Path | None:
 
 
 def _describe(metrics: dict[str, float]) -> str:
-    """The progress bar's text: reward, accuracy and the last step's time itemized."""
+    """The progress bar's text: reward, accuracy and the last step's seconds itemized (rollout, old logprobs,
+    update, push); with the bar, the count and the clock it fits an 80-column terminal."""
     return (
-        f"train r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f} | "
-        f"rollout {metrics['time/rollout_s']:.1f}s old-lp {metrics['time/old_logprobs_s']:.1f}s "
-        f"update {metrics['time/update_s']:.1f}s push {metrics['time/push_s']:.1f}s"
+        f"r={metrics['rollout/reward']:.2f} acc={metrics['rollout/accuracy']:.2f} | "
+        f"roll {metrics['time/rollout_s']:.1f} lp {metrics['time/old_logprobs_s']:.1f} "
+        f"upd {metrics['time/update_s']:.1f} push {metrics['time/push_s']:.1f} s"
     )
 
 
@@ -545,7 +546,7 @@ def _progress(enabled: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not enabled
+        TextColumn("{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(), TimeElapsedColumn(), disable=not enabled
     )
 
 

@@ -66,4 +66,4 @@ def test_the_progress_bar_itemizes_the_step():
 
     text = _describe({"rollout/reward": 0.25, "rollout/accuracy": 0.5, "time/rollout_s": 4.04,
                       "time/old_logprobs_s": 1.2, "time/update_s": 8.0, "time/push_s": 0.31})  # fmt: skip
-    assert text == "train r=0.25 acc=0.50 | rollout 4.0s old-lp 1.2s update 8.0s push 0.3s"
+    assert text == "r=0.25 acc=0.50 | roll 4.0 lp 1.2 upd 8.0 push 0.3 s"
