@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+from pathlib import Path
+
 import pytest
 
 from agentenv.configs import RunConfig, config_from_dict
@@ -40,3 +44,22 @@ def fast_config(fast_overrides) -> RunConfig:
 def fast_module_overrides(tmp_path_factory, tiny_model_path):
     """`FAST` with an output folder shared by one test module (for runs made once and reused)."""
     return FAST + [f"trainer.output_dir={tmp_path_factory.mktemp('run') / 'run'}"]
+
+
+def python_cmd(script: Path, *args: str, nproc: int = 1) -> list[str]:
+    """`script args` in one process, or under torchrun on `nproc` CPU processes (gloo, a free port on 127.0.0.1)."""
+    if nproc == 1:
+        return [sys.executable, str(script), *args]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), *args,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def launch_cmd():
+    """The command that runs a script on n processes (`python_cmd`)."""
+    return python_cmd

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,24 +14,14 @@ from agentenv.configs import config_from_dict
 HERE = Path(__file__).resolve().parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_two_cpu_processes_agree(fast_overrides, tmp_path):
+def test_two_cpu_processes_agree(fast_overrides, launch_cmd, tmp_path):
     # Groups of 4: a group of 2 two-hop episodes often scores the same twice (no gradient), and the
     # weights must move.
     cfg = config_from_dict({}, fast_overrides + ["trainer.steps=2", "trainer.eval_tasks=1", "algorithm.group_size=4"])
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        str(HERE / "ddp_run.py"), str(cfg_file), str(tmp_path),
-    ]
+    cmd = launch_cmd(HERE / "ddp_run.py", str(cfg_file), str(tmp_path), nproc=2)
     proc = subprocess.run(cmd, cwd=HERE.parents[1], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r0 = torch.load(tmp_path / "rank0.pt")

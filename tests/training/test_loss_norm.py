@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -61,16 +60,11 @@ def test_micro_batch_size_does_not_change_the_gradient(trainer, full_batch_gradi
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_single_process_gradient(fast_module_overrides, full_batch_gradients, tmp_path):
-    free_port = _load("test_distributed").free_port
+def test_two_processes_give_the_single_process_gradient(fast_module_overrides, full_batch_gradients, launch_cmd, tmp_path):
     cfg = config_from_dict({}, fast_module_overrides + [f"trainer.output_dir={tmp_path / 'run'}"])
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        str(HERE / "loss_norm_run.py"), str(cfg_file), str(tmp_path),
-    ]  # fmt: skip
+    cmd = launch_cmd(HERE / "loss_norm_run.py", str(cfg_file), str(tmp_path), nproc=2)
     proc = subprocess.run(cmd, cwd=HERE.parents[1], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]

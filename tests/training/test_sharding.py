@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,24 +36,6 @@ CASES = {
 }
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(nproc: int, cfg_file: Path, out: Path, phase: str) -> list[str]:
-    script = [str(HERE / "shard_run.py"), str(cfg_file), str(out), phase]
-    if nproc == 1:
-        return [sys.executable, *script]
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script,
-    ]  # fmt: skip
-
-
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (from /proc's parent links)."""
     parent = {}
@@ -70,9 +51,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path) -> None:
+def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path, launch_cmd) -> None:
+    def launch(phase: str) -> list[str]:
+        return launch_cmd(HERE / "shard_run.py", str(cfg_file), str(out), phase, nproc=nproc)
+
     first = subprocess.Popen(
-        launch(nproc, cfg_file, out, "first"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        launch("first"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
     deadline = time.time() + 600
@@ -91,13 +75,13 @@ def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path) -> None:
     finally:
         first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL
-    resumed = subprocess.run(launch(nproc, cfg_file, out, "resume"), cwd=REPO, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(launch("resume"), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-4000:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, tmp_path):
+def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, launch_cmd, tmp_path):
     nproc, extra = CASES[case]
     # Groups of 4: a group of 2 often scores the same twice (no gradient), and the weights must move.
     cfg = config_from_dict(
@@ -106,7 +90,7 @@ def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, tmp
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
     run = Path(cfg.trainer.output_dir)
-    run_killed_then_resumed(nproc, cfg_file, tmp_path)
+    run_killed_then_resumed(nproc, cfg_file, tmp_path, launch_cmd)
 
     firsts = [torch.load(tmp_path / f"first.rank{r}.pt", weights_only=False) for r in range(nproc)]
     resumes = [torch.load(tmp_path / f"resume.rank{r}.pt", weights_only=False) for r in range(nproc)]
