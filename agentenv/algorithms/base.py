@@ -104,6 +104,10 @@ class LossNorm:
 
 MakeEnv = Callable[[], Any]
 
+# Sums a tensor over every process of the run (the identity on one process); a
+# batch-level hook calls it the same number of times on every process.
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
 
 @runtime_checkable
 class Sampler(Protocol):
@@ -125,6 +129,19 @@ class Algorithm(Protocol):
     in the `agentenv.algorithms` entry-point group. Optional: a class attribute
     `grows_trees = True` says that a group's trajectories share long prefixes
     (a tree's branches), which `trainer.pack_prefixes=auto` then computes once.
+
+    Optional batch-level hook, for what a group cannot decide alone:
+
+        def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory],
+                     reduce: Reduce) -> dict[str, float]
+
+    The trainer calls it once per step on every process, after the old (and
+    reference) logprobs are in `batch` and before any update; row i of `batch`
+    is `trajectories[i]`. It may rewrite `batch.advantages` and `batch.loss_mask`
+    in place (a token whose mask it zeroes leaves the loss and its normalizer),
+    e.g. a KL penalty folded into the return, advantages normalized over the
+    global batch with `reduce`, or trajectories filtered out. It returns metrics
+    (means, logged under `train/`).
     """
 
     config_cls: ClassVar[type]

@@ -267,6 +267,8 @@ class Trainer:
             batch.ref_logprobs = self.recompute(batch, self.ref_model)
         self.model.train()
         t_old = time.perf_counter() - t1
+        finalize = getattr(self.algorithm, "finalize", None)  # batch-level advantages (see Algorithm)
+        batch_metrics = finalize(batch, trajs, self.reduce_sum) if finalize is not None else {}
 
         # updates: this rank's tasks split into mini-batches of whole groups
         tasks_per_mb = tc.mini_batch_tasks // world
@@ -297,6 +299,7 @@ class Trainer:
         t_total = time.perf_counter() - t0
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
+        metrics.update({f"train/{k}": float(v) for k, v in batch_metrics.items()})
         metrics.update(
             {
                 # the step itemized; advantages, collation and metrics are the rest of step_s
@@ -335,6 +338,12 @@ class Trainer:
             metrics.append(m)
         self._idle_passes(mb, len(micro), backward=True)
         return metrics
+
+    def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over every process (a collective: each process calls it alike)."""
+        if self.acc.num_processes == 1:
+            return t
+        return self.acc.reduce(t.to(self.acc.device), reduction="sum").to(t.device)
 
     def loss_norm(self, loss_mask: torch.Tensor) -> LossNorm:
         """A mini-batch's policy tokens and sequences summed over all ranks (each rank holds its share)."""
