@@ -55,5 +55,11 @@ def available() -> list[str]:
 
 register("grpo", "agentenv.algorithms.grpo:GRPO")
 register("arpo", "agentenv.algorithms.arpo:ARPO")
+register("dapo", "agentenv.algorithms.dapo:DAPO")
+register("reinforce_pp", "agentenv.algorithms.reinforce_pp:ReinforcePP")
+register("reinforce_pp_baseline", "agentenv.algorithms.reinforce_pp:ReinforcePPBaseline")
+register("rloo", "agentenv.algorithms.rloo:RLOO")
+register("gspo", "agentenv.algorithms.gspo:GSPO")
+register("dr_grpo", "agentenv.algorithms.dr_grpo:DrGRPO")
 
 __all__ = ["available", "get_algorithm", "register"]

@@ -62,6 +62,12 @@ class ARPOConfig(GRPOConfig):
             vocabularies). `log_vocab` divides by ln|V|, the largest possible
             per-token entropy, so ΔH_t lies in [-1, 1] for any model; `none`
             keeps nats (stronger dependence on entropy for the stochastic rule).
+        estimator: The trajectory-level advantage over the tree's M
+            trajectories, by name (`agentenv.algorithms.estimators`): `grpo` (the
+            paper's; `normalize_std: false` gives `dr_grpo`'s), `dr_grpo`,
+            `rloo`, `reinforce_pp` or `reinforce_pp_baseline` (their KL in the
+            return, with `kl_coef`, and global whitening run at the batch
+            level; no KL term in the loss then). `soft`/`hard` apply to it.
     """
 
     group_size: int = 16
@@ -74,6 +80,7 @@ class ARPOConfig(GRPOConfig):
     branch_rule: BranchRule = "threshold"
     advantage: AdvantageMode = "soft"
     entropy_norm: EntropyNorm = "log_vocab"
+    estimator: str = "grpo"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,6 +101,9 @@ class ARPOConfig(GRPOConfig):
                 raise ConfigError(f"algorithm.{key}", f"must be a probability in [0, 1], got {v}")
         if not (math.isfinite(self.beta) and self.beta >= 0.0):
             raise ConfigError("algorithm.beta", f"must be a finite number >= 0, got {self.beta}")
+        from agentenv.algorithms.estimators import get_estimator
+
+        get_estimator(self.estimator)  # an unknown name: ConfigError naming algorithm.estimator
         choices = {
             "branch_rule": ("threshold", "stochastic"),
             "advantage": ("soft", "hard"),

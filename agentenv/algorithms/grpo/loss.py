@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 
 from agentenv.algorithms.base import LossNorm
+from agentenv.algorithms.estimators import Estimator
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean"]
 RolloutCorrection = Literal["none", "tis", "mis"]
@@ -147,3 +148,10 @@ def aggregate(
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _group_normalized(rewards: torch.Tensor) -> torch.Tensor:
+    return group_advantages(rewards, normalize_std=True)  # (G,)
+
+
+GRPO_ESTIMATOR = Estimator(scalars=_group_normalized)
