@@ -142,6 +142,15 @@ class Algorithm(Protocol):
     e.g. a KL penalty folded into the return, advantages normalized over the
     global batch with `reduce`, or trajectories filtered out. It returns metrics
     (means, logged under `train/`).
+
+    Optional group filter, for dynamic sampling (DAPO):
+
+        def keep_group(self, group: Group) -> bool
+
+    The trainer replaces the groups it rejects with groups of new tasks, in at
+    most `max_resample_rounds` (a field of the algorithm's config; 0 if absent)
+    extra rounds per step, then fills what is left with rejected groups
+    (`Trainer.resample`).
     """
 
     config_cls: ClassVar[type]

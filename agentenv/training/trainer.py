@@ -198,8 +198,9 @@ class Trainer:
         return self.loop.run_until_complete(coro)
 
     # ------------------------------------------------------------------ one step
-    async def rollout(self, tasks: list[Any], step: int, indices: list[int]) -> list[Group]:
-        """One group per task; task `indices` (positions in the global batch) seed the samples.
+    async def rollout(self, tasks: list[Any], step: int, indices: list[int], round_: int = 0) -> list[Group]:
+        """One group per task; task `indices` (positions in the global batch) seed the samples, and
+        `round_`, the step's extra sampling round (dynamic sampling), so that its seeds differ from the first's.
 
         A trajectory that is late or breaks is recorded as failed by the
         sampler, and the step goes on with the rest; a sampler that raises
@@ -209,13 +210,57 @@ class Trainer:
         params = self.cfg.policy.sampling_params()
 
         async def one(j: int, task: Any) -> Group:
-            seed = derive_seed(self.cfg.trainer.seed, step, indices[j])
+            seed = derive_seed(self.cfg.trainer.seed, step, indices[j], *((round_,) if round_ else ()))
             try:
                 return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
             except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (DESIGN: rollout)
                 return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
 
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
+
+    def resample(self, groups: list[Group], step: int) -> tuple[list[Group], dict[str, float]]:
+        """Dynamic sampling (DAPO): replace the groups the algorithm's `keep_group` rejects with new ones.
+
+        Rounds run in lockstep on every process: each round draws `world` times the
+        largest shortage of any process from the task stream (so every process's
+        stream stays alike), and each process rolls out the tasks of its share it
+        still needs, with seeds of their own round. The first kept groups are used;
+        after `algorithm.max_resample_rounds` rounds the slots left take dropped
+        groups (their advantage is zero), so every process ends with as many
+        groups as it started with. Without `keep_group`, `groups` as they are.
+        """
+        keep = getattr(self.algorithm, "keep_group", None)
+        if keep is None:
+            return groups, {}
+        rank, world = self.acc.process_index, self.acc.num_processes
+        need = len(groups)
+        cap = int(getattr(self.cfg.algorithm_config, "max_resample_rounds", 0))
+        kept: list[Group] = []
+        dropped: list[Group] = []
+        rounds = 0
+        while True:
+            for g in groups:
+                (kept if keep(g) else dropped).append(g)
+            short = torch.zeros(world, dtype=torch.float64)
+            short[rank] = need - len(kept)
+            short = self.reduce_sum(short)  # (world,) every process's shortage
+            most = int(short.max())
+            if most == 0 or rounds >= cap:
+                break
+            rounds += 1
+            tasks = self.stream.next_batch(most * world)
+            self.last_batch_ids += [t.id for t in tasks]
+            mine = tasks[rank::world][: int(short[rank])]
+            indices = list(range(rank, len(tasks), world))[: len(mine)]
+            groups = self.run(self.rollout(mine, step, indices, round_=rounds)) if mine else []
+        filled = need - len(kept)
+        counts = self.reduce_sum(torch.tensor([float(len(dropped)), float(filled)], dtype=torch.float64))
+        metrics = {
+            "rollout/resample_rounds": float(rounds),
+            "rollout/dropped_groups": float(counts[0]),  # groups with equal rewards, all rounds, all processes
+            "rollout/filled_groups": float(counts[1]),  # slots given dropped groups when the cap was reached
+        }
+        return kept + dropped[:filled], metrics
 
     @torch.no_grad()
     def recompute(self, batch: TrainBatch, model: torch.nn.Module) -> torch.Tensor:
@@ -250,6 +295,7 @@ class Trainer:
         mine = tasks[rank::world]
         groups = self.run(self.rollout(mine, step, list(range(rank, len(tasks), world))))
         self.last_batch_ids = [t.id for t in tasks]
+        groups, resample_metrics = self.resample(groups, step)
         self.last_errors = Counter(t.error or "unknown error" for g in groups for t in g if t.failed)
         t_roll = time.perf_counter() - t0
 
@@ -300,6 +346,7 @@ class Trainer:
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
         metrics.update({f"train/{k}": float(v) for k, v in batch_metrics.items()})
+        metrics.update(resample_metrics)
         metrics.update(
             {
                 # the step itemized; advantages, collation and metrics are the rest of step_s
