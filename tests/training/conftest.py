@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import sys
 from pathlib import Path
@@ -63,3 +64,38 @@ def python_cmd(script: Path, *args: str, nproc: int = 1) -> list[str]:
 def launch_cmd():
     """The command that runs a script on n processes (`python_cmd`)."""
     return python_cmd
+
+
+@pytest.fixture(scope="session")
+def script_module():
+    """Imports a script of this folder (a `*_run.py` that torchrun also runs) by name, as a module."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    """Runs `script.py RUN.yaml OUT` on `nproc` processes with the run config `cfg`; returns each rank's
+    `OUT/rank{r}.pt` (what the script saved). A failed launch fails the test with its output."""
+
+    def run(script: str, cfg: RunConfig, out: Path, nproc: int = 2) -> list:
+        import subprocess
+
+        import torch
+        import yaml
+
+        here = Path(__file__).resolve().parent
+        cfg_file = out / "run.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
+        cmd = python_cmd(here / script, str(cfg_file), str(out), nproc=nproc)
+        proc = subprocess.run(cmd, cwd=here.parents[1], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
+
+    return run

@@ -50,12 +50,16 @@ def _trainer(overrides: list[str], every_task_uniform: bool) -> tuple[Trainer, l
     return trainer, seeds
 
 
-def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_overrides):
-    trainer, seeds = _trainer(fast_overrides + ["algorithm.max_resample_rounds=3"], every_task_uniform=False)
+def _one_step(trainer: Trainer) -> dict[str, float]:
     try:
-        m = trainer.train_step(0)
+        return trainer.train_step(0)
     finally:
         trainer.close()
+
+
+def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_overrides):
+    trainer, seeds = _trainer(fast_overrides + ["algorithm.max_resample_rounds=3"], every_task_uniform=False)
+    m = _one_step(trainer)
     assert m["rollout/resample_rounds"] == 1.0  # one extra round filled both slots
     assert m["rollout/dropped_groups"] == 2.0 and m["rollout/filled_groups"] == 0.0
     assert m["rollout/accuracy"] == 0.5  # the trained groups are the new, informative ones (1 of 2 right)
@@ -66,10 +70,7 @@ def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_override
 
 def test_the_refill_stops_at_its_cap_and_fills_with_dropped_groups(fast_overrides):
     trainer, seeds = _trainer(fast_overrides + ["algorithm.max_resample_rounds=2"], every_task_uniform=True)
-    try:
-        m = trainer.train_step(0)
-    finally:
-        trainer.close()
+    m = _one_step(trainer)
     assert m["rollout/resample_rounds"] == 2.0
     assert m["rollout/dropped_groups"] == 6.0  # 2 groups in each of 3 rounds, all with equal rewards
     assert m["rollout/filled_groups"] == 2.0  # both slots took dropped groups: the step still trains on 2 groups

@@ -4,28 +4,16 @@ one update is one step of the learning-rate schedule on any number of processes.
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 
 from agentenv.configs import config_from_dict
 from agentenv.training.trainer import Trainer
 
-HERE = Path(__file__).resolve().parent
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load("loss_norm_run")
+@pytest.fixture(scope="module")
+def run(script_module):
+    return script_module("loss_norm_run")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +24,7 @@ def trainer(fast_module_overrides):
 
 
 @pytest.fixture(scope="module")
-def full_batch_gradients(trainer):
+def full_batch_gradients(trainer, run):
     """Every row in one micro-batch: the gradient of the mini-batch's mean loss."""
     batch = run.hand_batch(trainer)
     assert len(batch) <= 16
@@ -49,7 +37,7 @@ def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
     assert err < 1e-5, f"relative difference {err:.2e}"
 
 
-def test_micro_batch_size_does_not_change_the_gradient(trainer, full_batch_gradients):
+def test_micro_batch_size_does_not_change_the_gradient(trainer, full_batch_gradients, run):
     batch = run.hand_batch(trainer)
     per_row = batch.loss_mask.sum(dim=1)
     assert per_row.unique().numel() > 3 and (per_row == 0).sum() == len(run.FAILED)  # uneven, two failed
@@ -60,14 +48,9 @@ def test_micro_batch_size_does_not_change_the_gradient(trainer, full_batch_gradi
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_single_process_gradient(fast_module_overrides, full_batch_gradients, launch_cmd, tmp_path):
+def test_two_processes_give_the_single_process_gradient(fast_module_overrides, full_batch_gradients, run_ranks, tmp_path):
     cfg = config_from_dict({}, fast_module_overrides + [f"trainer.output_dir={tmp_path / 'run'}"])
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = launch_cmd(HERE / "loss_norm_run.py", str(cfg_file), str(tmp_path), nproc=2)
-    proc = subprocess.run(cmd, cwd=HERE.parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ranks = run_ranks("loss_norm_run.py", cfg, tmp_path)
     assert ranks[0]["world"] == 2 and ranks[0]["tokens"] != ranks[1]["tokens"]  # the ranks' shares differ
     # one update is one step of the learning-rate schedule (Accelerate would make it one per process)
     assert ranks[0]["scheduler_steps"] == ranks[1]["scheduler_steps"] == 1

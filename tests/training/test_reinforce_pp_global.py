@@ -4,31 +4,14 @@ tokens together (not per process), and equal those of one process holding every 
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 
 from agentenv.algorithms.base import TrainBatch
 from agentenv.configs import config_from_dict
 
-HERE = Path(__file__).resolve().parent
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load("reinforce_pp_run")
-
-
-def _one_process(batches: list[TrainBatch]) -> torch.Tensor:
+def _one_process(run, batches: list[TrainBatch]) -> torch.Tensor:
     """Every rank's rows in one batch (padded to the widest), through the same finalize: (B, T)."""
     T = max(b.loss_mask.shape[1] for b in batches)
     pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
@@ -46,14 +29,10 @@ def _one_process(batches: list[TrainBatch]) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_two_processes_whiten_over_the_global_batch(fast_overrides, launch_cmd, tmp_path):
+def test_two_processes_whiten_over_the_global_batch(fast_overrides, run_ranks, script_module, tmp_path):
+    run = script_module("reinforce_pp_run")
     cfg = config_from_dict({}, fast_overrides + ["algorithm.name=reinforce_pp", f"algorithm.kl_coef={run.KL_COEF}"])
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = launch_cmd(HERE / "reinforce_pp_run.py", str(cfg_file), str(tmp_path), nproc=2)
-    proc = subprocess.run(cmd, cwd=HERE.parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ranks = run_ranks("reinforce_pp_run.py", cfg, tmp_path)
     assert ranks[0]["world"] == 2
     values = [r["advantages"][r["mask"] > 0].double() for r in ranks]
     both = torch.cat(values)
@@ -63,7 +42,7 @@ def test_two_processes_whiten_over_the_global_batch(fast_overrides, launch_cmd, 
     assert values[0].mean() > 0.3 and values[1].mean() < -0.5
     assert ranks[0]["return_mean"] == ranks[1]["return_mean"] and ranks[0]["return_std"] == ranks[1]["return_std"]
     # the same numbers as one process holding every row
-    one = _one_process([run.rows(0), run.rows(1)])
+    one = _one_process(run, [run.rows(0), run.rows(1)])
     n0 = len(run.rows(0))
     for r, rows in ((0, slice(0, n0)), (1, slice(n0, None))):
         got = ranks[r]["advantages"]
