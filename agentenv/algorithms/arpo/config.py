@@ -67,7 +67,8 @@ class ARPOConfig(GRPOConfig):
             paper's; `normalize_std: false` gives `dr_grpo`'s), `dr_grpo`,
             `rloo`, `reinforce_pp` or `reinforce_pp_baseline` (their KL in the
             return, with `kl_coef`, and global whitening run at the batch
-            level; no KL term in the loss then). `soft`/`hard` apply to it.
+            level; no KL term in the loss then). `soft`/`hard` apply to it;
+            `normalize_std` matters for `grpo` and `reinforce_pp*` only.
     """
 
     group_size: int = 16
