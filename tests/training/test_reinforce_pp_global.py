@@ -39,7 +39,7 @@ def test_two_processes_whiten_over_the_global_batch(fast_overrides, run_ranks, s
     assert both.mean().item() == pytest.approx(0.0, abs=1e-6)
     assert both.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
     # per process they are far from whitened: rank 0 held the high rewards, rank 1 the low ones
-    assert values[0].mean() > 0.3 and values[1].mean() < -0.5
+    assert values[0].mean() > 0.2 and values[1].mean() < -0.5
     assert ranks[0]["return_mean"] == ranks[1]["return_mean"] and ranks[0]["return_std"] == ranks[1]["return_std"]
     # the same numbers as one process holding every row
     one = _one_process(run, [run.rows(0), run.rows(1)])
