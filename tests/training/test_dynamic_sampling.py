@@ -4,50 +4,17 @@ slots left with dropped groups. A scripted policy decides which groups have equa
 
 from __future__ import annotations
 
-import collections
+import pytest
 
 from agentenv.configs import config_from_dict
-from agentenv.policies.models import resolve_model_path
-from agentenv.policies.scripted import ScriptedPolicy
-from agentenv.training.build import build_runtime
 from agentenv.training.trainer import Trainer
 
 
-def _trainer(overrides: list[str], every_task_uniform: bool) -> tuple[Trainer, list[int]]:
-    """A DAPO trainer whose policy searches once, then answers: wrongly for every task of the first batch
-    (every task, with `every_task_uniform`): a group with equal rewards; for later tasks right and wrong in
-    turn: a group of 2 with differing rewards. Returns it and the list the sampler's seeds go to."""
-    cfg = config_from_dict({}, overrides + ["algorithm.name=dapo", "algorithm.overlong_filter=false"])
-    rt = build_runtime(cfg, resolve_model_path(cfg.model.path))
-    truth = {t.messages[-1]["content"]: t.ground_truth for t in rt.tasks.train}
-    answers: collections.Counter = collections.Counter()
-    uniform: set[str] = set()
-
-    def turn(prompt_ids: list[int]) -> str:
-        text = rt.tokenizer.decode(prompt_ids)
-        question = next(q for q in truth if q in text)
-        if text.count("<result>") < 2:  # the system prompt names the tag once; no result yet
-            return "<search>fact</search>"
-        answers[question] += 1
-        right = not every_task_uniform and question not in uniform and answers[question] % 2 == 1
-        return f"<answer>\\boxed{{{truth[question] if right else 'nothing'}}}</answer>"
-
-    rt.policy = ScriptedPolicy(rt.tokenizer, turn)
-    trainer = Trainer(cfg, runtime=rt)
-    uniform.update(t.messages[-1]["content"] for t in trainer.stream.peek(cfg.trainer.tasks_per_step))
-    seeds: list[int] = []
-    real = trainer.algorithm.sampler
-
-    class Recording:
-        def __init__(self, inner):
-            self.inner = inner
-
-        async def sample(self, policy, make_env, task, params, seed):
-            seeds.append(seed)
-            return await self.inner.sample(policy, make_env, task, params, seed)
-
-    trainer.algorithm.sampler = lambda *args: Recording(real(*args))
-    return trainer, seeds
+@pytest.fixture(scope="module")
+def scripted(script_module):
+    """`dynamic_sampling_run.scripted_dapo_trainer` for the fast config with `overrides` (DAPO, no overlong filter)."""
+    run = script_module("dynamic_sampling_run")
+    return lambda overrides, uniform: run.scripted_dapo_trainer(config_from_dict({}, overrides + run.DAPO), uniform)
 
 
 def _one_step(trainer: Trainer) -> dict[str, float]:
@@ -57,8 +24,8 @@ def _one_step(trainer: Trainer) -> dict[str, float]:
         trainer.close()
 
 
-def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_overrides):
-    trainer, seeds = _trainer(fast_overrides + ["algorithm.max_resample_rounds=3"], every_task_uniform=False)
+def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_overrides, scripted):
+    trainer, seeds = scripted(fast_overrides + ["algorithm.max_resample_rounds=3"], "first")
     m = _one_step(trainer)
     assert m["rollout/resample_rounds"] == 1.0  # one extra round filled both slots
     assert m["rollout/dropped_groups"] == 2.0 and m["rollout/filled_groups"] == 0.0
@@ -68,8 +35,8 @@ def test_a_batch_of_equal_reward_groups_is_refilled_with_new_tasks(fast_override
     assert len(seeds) == 4 and len(set(seeds)) == 4  # the extra round's seeds differ from the first's
 
 
-def test_the_refill_stops_at_its_cap_and_fills_with_dropped_groups(fast_overrides):
-    trainer, seeds = _trainer(fast_overrides + ["algorithm.max_resample_rounds=2"], every_task_uniform=True)
+def test_the_refill_stops_at_its_cap_and_fills_with_dropped_groups(fast_overrides, scripted):
+    trainer, seeds = scripted(fast_overrides + ["algorithm.max_resample_rounds=2"], "all")
     m = _one_step(trainer)
     assert m["rollout/resample_rounds"] == 2.0
     assert m["rollout/dropped_groups"] == 6.0  # 2 groups in each of 3 rounds, all with equal rewards
@@ -77,3 +44,21 @@ def test_the_refill_stops_at_its_cap_and_fills_with_dropped_groups(fast_override
     assert m["rollout/trajectories"] == 4.0 and m["rollout/accuracy"] == 0.0
     assert m["train/grad_norm"] == 0.0  # zero advantage everywhere
     assert trainer.stream.cursor == 6 and len(set(seeds)) == 6
+
+
+@pytest.mark.slow
+def test_two_processes_refill_in_lockstep(fast_overrides, run_ranks, script_module, tmp_path):
+    """Only process 0 is short; both draw the same extra tasks, end with their 2 groups each, log the same counts."""
+    run = script_module("dynamic_sampling_run")
+    cfg = config_from_dict({}, fast_overrides + run.DAPO + ["trainer.tasks_per_step=4", "trainer.mini_batch_tasks=4"])
+    ranks = run_ranks("dynamic_sampling_run.py", cfg, tmp_path)
+    assert ranks[0]["world"] == 2
+    for r in ranks:
+        m = r["metrics"]
+        assert m["rollout/resample_rounds"] == 1.0 and m["rollout/dropped_groups"] == 2.0
+        assert m["rollout/filled_groups"] == 0.0
+        assert m["rollout/trajectories"] == 8.0  # 2 groups of 2 on each process, summed
+        assert r["cursor"] == 8  # the first 4 tasks, then 2 x the largest shortage (2)
+    assert ranks[0]["batch_ids"] == ranks[1]["batch_ids"]  # the same tasks drawn on both
+    assert len(ranks[0]["seeds"]) == 4 and len(ranks[1]["seeds"]) == 2  # process 1 sampled no extra round
+    assert ranks[0]["metrics"]["rollout/accuracy"] == 0.5  # the trained groups: process 0's new ones, process 1's
