@@ -137,9 +137,19 @@ async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> P
     )
 
 
-def run_probe(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> Probe:
-    """Roll out `model_path` on the first `probe.tasks` held-out tasks and measure entropy by position."""
-    return asyncio.run(_probe_async(cfg, model_path, probe))
+def run_probe(cfg: RunConfig, model_path: str, probe: ProbeConfig, log_dir: Path | None = None) -> Probe:
+    """Roll out `model_path` on the first `probe.tasks` held-out tasks and measure entropy by position.
+
+    The engine's output goes to `log_dir/probe_engine.log` (None: the terminal), as a run's goes to its engine.log.
+    """
+    from agentenv.training.engine_log import EngineLog
+
+    log = EngineLog(None if log_dir is None else Path(log_dir) / "probe_engine.log")
+    try:
+        with log.capture():
+            return asyncio.run(_probe_async(cfg, model_path, probe))
+    finally:
+        log.close()
 
 
 # --------------------------------------------------------------------------- one run
@@ -186,7 +196,7 @@ def train_run(spec: RunSpec, bench: BenchConfig) -> RunResult:
     t1 = time.perf_counter()
     if bench.probe.probes(spec.seed):
         model_dir = ckpt.checkpoint_dir(spec.output_dir, result.steps) / "model"
-        probe = run_probe(spec.config, str(model_dir), bench.probe)
+        probe = run_probe(spec.config, str(model_dir), bench.probe, spec.output_dir)
         (spec.output_dir / PROBE_FILE).write_text(json.dumps(probe.to_dict()))
     probe_s = time.perf_counter() - t1
     meta = {
@@ -233,7 +243,7 @@ def base_probe(spec: RunSpec, bench: BenchConfig) -> Probe:
     cached = base_probe_cached(spec, bench)
     if cached is not None:
         return cached
-    probe = run_probe(spec.config, resolve_model_path(spec.config.model.path), bench.probe)
+    probe = run_probe(spec.config, resolve_model_path(spec.config.model.path), bench.probe, d)
     d.mkdir(parents=True, exist_ok=True)
     (d / PROBE_FILE).write_text(json.dumps(probe.to_dict()))
     (d / RUN_FILE).write_text(json.dumps(key))
