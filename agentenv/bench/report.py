@@ -383,9 +383,11 @@ def _trainer_summary(runs: Sequence["RunResult"]) -> str:
     t = meta.get("trainer", {})
     a = meta.get("algorithm", {})
     e = meta.get("env", {})
+    tools = e.get("tools")
     return (
         f"{t.get('steps')} steps × {t.get('tasks_per_step')} tasks × group {a.get('group_size')}, "
-        f"tools {e.get('tools')}, {t.get('eval_tasks')} held-out tasks"
+        f"tools {', '.join(tools) if isinstance(tools, (dict, list)) else tools}, "
+        f"{t.get('eval_tasks')} held-out tasks x {t.get('eval_samples')} samples"
     )
 
 

@@ -166,3 +166,20 @@ def test_paper_table_config_resolves():
     algos = {r.variant: (r.config.algorithm.name, getattr(r.config.algorithm_config, "advantage", None)) for r in runs}
     assert [a for a, _ in algos.values()] == ["grpo", "dapo", "reinforce_pp", "arpo", "arpo", "arpo"]
     assert {adv for a, adv in algos.values() if a == "arpo"} == {"soft", "hard", "hard_once"}
+
+
+def test_paper_table_budget_and_estimate():
+    """The paper table's sizes, with the algorithms of the other branches stood in by grpo/arpo (runs on this
+    branch alone): 18 runs of one budget, a prior estimate under the hour (the issue allows 90 minutes)."""
+    from agentenv.bench.runner import show_plan
+
+    stand_in = ["variants.dapo.algorithm.name=grpo", "variants.reinforce_pp.algorithm.name=grpo",
+                "variants.arpo_hard_once.algorithm.advantage=hard", "output_dir=/nonexistent/paper_table_toy"]  # fmt: skip
+    bench = load_bench_config(CONFIGS / "paper_table_toy.yaml", stand_in)
+    runs = resolve_runs(bench)
+    assert len(runs) == 18 and {r.seed for r in runs} == {0, 1, 2}
+    c = runs[0].config
+    assert (c.trainer.steps, c.trainer.tasks_per_step, c.algorithm_config.group_size) == (10, 4, 8)
+    text = show_plan(bench)
+    minutes = float(text.rsplit("estimated wall time: ", 1)[1].split(" min")[0])
+    assert 45 <= minutes <= 60, text
