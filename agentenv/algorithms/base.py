@@ -188,7 +188,8 @@ def generated_tokens(traj: Trajectory) -> int:
 
 
 def own_tool_results(traj: Trajectory) -> int:
-    """Tool results (one per call the env answered, malformed ones included) this trajectory got itself.
+    """Tool results (one per call the env answered, malformed calls and limit messages included) this
+    trajectory got itself.
 
     A branch's results before `branch_token` were its parent's: a tree pays
     for each call once. The tool-call budget that the ARPO paper compares.
