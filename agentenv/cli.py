@@ -145,12 +145,13 @@ def export(
 def bench(
     config: Path = typer.Argument(..., help="Benchmark config, e.g. configs/bench/toy_grpo_vs_arpo.yaml"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+    plan: bool = typer.Option(False, "--plan", help="Print the plan and the estimated wall time; run nothing."),
 ) -> None:
     """Train several algorithms side by side on the same seeds and tasks; write tables and plots."""
     from agentenv.bench import run_benchmark
 
     try:
-        run_benchmark(config, overrides or [])
+        run_benchmark(config, overrides or [], plan_only=plan)
     except AgentEnvError as e:
         _fail(e)
 

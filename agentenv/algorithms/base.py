@@ -196,6 +196,21 @@ def generated_tokens(traj: Trajectory) -> int:
     return n
 
 
+def own_tool_results(traj: Trajectory) -> int:
+    """Tool results (one per call the env answered, malformed calls and limit messages included) this
+    trajectory got itself.
+
+    A branch's results before `branch_token` were its parent's: a tree pays
+    for each call once. The tool-call budget that the ARPO paper compares.
+    """
+    start = traj.branch_token if traj.parent_uid is not None and traj.branch_token is not None else 0
+    n, pos = 0, 0
+    for seg in traj.segments:
+        n += seg.source == "tool" and pos >= start
+        pos += len(seg)
+    return n
+
+
 def group_generated_tokens(group: Group) -> int:
     """Policy tokens generated for a group, each shared prefix counted once (independent groups too)."""
     return sum(generated_tokens(t) for t in group.trajectories)

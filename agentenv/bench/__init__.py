@@ -1,6 +1,6 @@
 """agentenv.bench: train several algorithms on the same seeds, tasks and budget; tables and plots.
 
-    agentenv bench configs/bench/toy_grpo_vs_arpo.yaml trainer.steps=2 seeds=[0]
+    agentenv bench configs/bench/quick_toy.yaml [--plan] [trainer.steps=2 seeds=[0] smoke=true]
 
 `run_benchmark(path, overrides)` is what the CLI calls; `execute(BenchConfig)`
 runs a config built in code. Heavy modules (torch, the trainer, matplotlib)
@@ -15,12 +15,21 @@ from agentenv.bench.config import (
     load_bench_config,
     resolve_runs,
 )
-from agentenv.bench.runner import BenchResult, Probe, RunResult, execute, run_benchmark
-from agentenv.bench.stats import PositionEntropy, Spread, entropy_by_position, spread
+from agentenv.bench.runner import BenchResult, Probe, RunResult, execute, run_benchmark, show_plan
+from agentenv.bench.stats import (
+    Interval,
+    PositionEntropy,
+    Spread,
+    entropy_by_position,
+    paired_interval,
+    spread,
+    t_interval,
+)
 
 __all__ = [
     "BenchConfig",
     "BenchResult",
+    "Interval",
     "PositionEntropy",
     "Probe",
     "ProbeConfig",
@@ -31,7 +40,10 @@ __all__ = [
     "entropy_by_position",
     "execute",
     "load_bench_config",
+    "paired_interval",
     "resolve_runs",
     "run_benchmark",
+    "show_plan",
     "spread",
+    "t_interval",
 ]

@@ -4,21 +4,31 @@ A benchmark YAML looks like this::
 
     name: toy_grpo_vs_arpo
     output_dir: runs/bench/toy_grpo_vs_arpo
-    seeds: [0, 1]
+    seeds: [0, 1, 2]      # at least 3 (95% intervals over seeds); fewer only with smoke: true
     base:                 # a run config: inline sections, or a path (relative to this file)
       env: {tools: [search], tasks: {kinds: [twohop]}}
       trainer: {steps: 6, tasks_per_step: 4}
-    base_overrides: []    # dotted overrides applied to the base
-    variants:             # name -> nested sections or a list of dotted overrides
+    base_overrides: []    # dotted overrides applied to every variant's starting config
+    variants:             # name -> nested sections, a list of dotted overrides, or a run config file
       grpo: {algorithm: {name: grpo, group_size: 8}}
       arpo_soft: ["algorithm.name=arpo", "algorithm.initial_rollouts=4"]
+      arpo_file: ../toy_arpo.yaml            # a whole run config (relative to this file)
+      arpo_hard: {config: ../toy_arpo.yaml, algorithm: {advantage: hard}}   # a file, then sections over it
     probe: {tasks: 8, samples: 2}
 
-A run's config is base, then its variant (merged key by key), then the run
-overrides given on the command line, then the runner's own `trainer.seed` (the
-seed) and `trainer.output_dir` (`output_dir/runs/<variant>/seed<seed>`). Every
-variant must share the budget: tasks, tools, steps, batch and group size, turn
-length and evaluation (checked, see `BUDGET_KEYS`).
+A run's config starts from the base (or the variant's own `config` file),
+then `base_overrides`, then its variant's sections (merged key by key), then
+the run overrides given on the command line, then the runner's own
+`trainer.seed` (the seed) and `trainer.output_dir`
+(`output_dir/runs/<variant>/seed<seed>`). Every variant must share the budget:
+tasks, tools, steps, batch and group size, turn length and evaluation, its
+seeds included (checked, see `BUDGET_KEYS`).
+
+Pairing: for one seed every variant gets the same `trainer.seed` and the
+same task source, so the same training batches (`TaskStream(train,
+seed)`), the same per-task sampling seeds (`derive_seed(seed, step,
+index)`), the same held-out tasks and the same evaluation seeds; the
+differences between variants are then measured seed by seed.
 """
 
 from __future__ import annotations
@@ -50,10 +60,18 @@ BUDGET_KEYS = (
     "algorithm.group_size",
     "trainer.steps",
     "trainer.tasks_per_step",
+    "trainer.eval_every",
     "trainer.eval_tasks",
     "trainer.eval_samples",
     "trainer.eval_temperature",
+    "trainer.eval_seed",
 )
+
+# fewest seeds a benchmark may have without `smoke: true` (a t interval needs 2; 3 keeps it finite in width)
+MIN_SEEDS = 3
+
+# the key of a variant mapping that names a run config file to start from
+CONFIG_KEY = "config"
 
 
 @dataclass(frozen=True)
@@ -66,12 +84,20 @@ class ProbeConfig:
         positions: Token positions after a tool result to average over (the
             ARPO paper's pilot figure shows the first ~50).
         base_model: Also probe the untrained model once, as a reference line.
+        seeds: Probe only the runs of these seeds (empty: every run). Each
+            probe starts an inference engine (about a minute on 2 CPU
+            cores), and the pilot figure pools seeds anyway.
     """
 
     tasks: int = 8
     samples: int = 2
     positions: int = 50
     base_model: bool = True
+    seeds: tuple[int, ...] = ()
+
+    def probes(self, seed: int) -> bool:
+        """Whether the run of `seed` is probed."""
+        return self.tasks > 0 and (not self.seeds or seed in self.seeds)
 
     def __post_init__(self) -> None:
         for key in ("samples", "positions"):
@@ -90,7 +116,11 @@ class BenchConfig:
         output_dir: Where runs, tables and plots go.
         seeds: Run seeds (`trainer.seed`); each variant trains once per seed.
             The task generator's seed (`env.tasks.seed`) stays fixed, so all
-            runs see the same training and held-out tasks.
+            runs see the same training and held-out tasks. At least
+            `MIN_SEEDS` (3), unless `smoke`.
+        smoke: A smoke run: fewer than 3 seeds are allowed (the report then
+            has no confidence intervals, or very wide ones).
+        confidence: Level of the confidence intervals (Student t over seeds).
         base: The base run config as a mapping of sections (a path in the
             YAML is loaded into this mapping).
         base_overrides: Dotted overrides applied to `base`.
@@ -106,7 +136,9 @@ class BenchConfig:
 
     name: str = "bench"
     output_dir: str = "runs/bench"
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    smoke: bool = False
+    confidence: float = 0.95
     base: dict[str, Any] = field(default_factory=dict)
     base_overrides: tuple[str, ...] = ()
     variants: dict[str, Any] = field(default_factory=dict)
@@ -120,6 +152,14 @@ class BenchConfig:
             raise ConfigError("seeds", "needs at least one seed")
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", f"must be distinct, got {list(self.seeds)}")
+        if len(self.seeds) < MIN_SEEDS and not self.smoke:
+            raise ConfigError(
+                "seeds",
+                f"{list(self.seeds)} has {len(self.seeds)}; a benchmark needs at least {MIN_SEEDS} seeds for its "
+                "confidence intervals (set smoke=true for a smoke run with fewer)",
+            )
+        if not 0 < self.confidence < 1:
+            raise ConfigError("confidence", f"must be in (0, 1), got {self.confidence}")
         if not self.variants:
             raise ConfigError("variants", "needs at least one variant (name -> sections or overrides)")
         for name, spec in self.variants.items():
@@ -127,6 +167,8 @@ class BenchConfig:
                 raise ConfigError(f"variants.{name}", "a variant name may hold only letters, digits, _ . -")
             if not isinstance(spec, dict):
                 raise ConfigError(f"variants.{name}", f"expected a mapping of sections, got {spec!r}")
+            if CONFIG_KEY in spec and not Path(str(spec[CONFIG_KEY])).is_file():
+                raise ConfigError(f"variants.{name}.{CONFIG_KEY}", f"file not found: {spec[CONFIG_KEY]}")
         if self.final_steps < 0:
             raise ConfigError("final_steps", f"must be >= 0, got {self.final_steps}")
 
@@ -172,20 +214,42 @@ def expand_dotted(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _variant_sections(name: str, spec: Any) -> dict[str, Any]:
-    """A variant as a mapping of sections (a list of dotted overrides is accepted too)."""
+def _config_path(name: str, value: Any, root: Path | None) -> str:
+    """A variant's run config file, made absolute (relative paths against the benchmark file's folder)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"variants.{name}.{CONFIG_KEY}", f"expected a path to a run config, got {value!r}")
+    p = Path(value)
+    p = p if p.is_absolute() else (root or Path.cwd()) / p
+    if not p.is_file():
+        raise ConfigError(f"variants.{name}.{CONFIG_KEY}", f"file not found: {p}")
+    return str(p.resolve())
+
+
+def _variant_sections(name: str, spec: Any, root: Path | None = None) -> dict[str, Any]:
+    """A variant as a mapping of sections (a list of dotted overrides or a run config path is accepted too).
+
+    A path (a string) becomes `{"config": <absolute path>}`; a mapping may hold
+    `config: path` beside its sections.
+    """
     if spec is None:
         return {}
+    if isinstance(spec, str):
+        return {CONFIG_KEY: _config_path(name, spec, root)}
     if isinstance(spec, (list, tuple)):
         if not all(isinstance(s, str) for s in spec):
             raise ConfigError(f"variants.{name}", f"a list variant must hold dotted.key=value strings, got {spec!r}")
         return apply_overrides({}, list(spec))
     if not isinstance(spec, dict):
         raise ConfigError(f"variants.{name}", f"expected a mapping of sections or a list of overrides, got {spec!r}")
-    sections = expand_dotted(spec)
+    sections = expand_dotted({k: v for k, v in spec.items() if k != CONFIG_KEY})
     unknown = [k for k in sections if k not in RUN_SECTIONS]
     if unknown:
-        raise ConfigError(f"variants.{name}.{unknown[0]}", f"unknown section; a variant sets {', '.join(RUN_SECTIONS)}")
+        raise ConfigError(
+            f"variants.{name}.{unknown[0]}",
+            f"unknown section; a variant sets {', '.join(RUN_SECTIONS)} (or names a run config file: {CONFIG_KEY})",
+        )
+    if CONFIG_KEY in spec:
+        sections[CONFIG_KEY] = _config_path(name, spec[CONFIG_KEY], root)
     return sections
 
 
@@ -231,7 +295,7 @@ def bench_config_from_dict(
     raw = apply_overrides(raw, bench_over)
     variants = raw.get("variants")
     if isinstance(variants, dict):
-        raw["variants"] = {str(n): _variant_sections(str(n), s) for n, s in variants.items()}
+        raw["variants"] = {str(n): _variant_sections(str(n), s, root) for n, s in variants.items()}
     elif variants is not None:
         raise ConfigError("variants", f"expected a mapping name -> sections, got {variants!r}")
     raw["run_overrides"] = run_over
@@ -259,11 +323,13 @@ def resolve_runs(bench: BenchConfig) -> list[RunSpec]:
         ConfigError: A variant's config is invalid (the key is prefixed with
             `variants.<name>`), or two variants differ on a `BUDGET_KEYS` key.
     """
-    base = apply_overrides(bench.base, list(bench.base_overrides))
     out_root = Path(bench.output_dir)
     runs: list[RunSpec] = []
     budgets: dict[str, dict[str, Any]] = {}
-    for name, sections in bench.variants.items():
+    for name, spec in bench.variants.items():
+        sections = {k: v for k, v in spec.items() if k != CONFIG_KEY}
+        start = _read_yaml(Path(spec[CONFIG_KEY]), f"variants.{name}.{CONFIG_KEY}") if CONFIG_KEY in spec else bench.base
+        base = apply_overrides(start, list(bench.base_overrides))
         for seed in bench.seeds:
             run_dir = out_root / "runs" / name / f"seed{seed}"
             raw = deep_merge(base, sections)

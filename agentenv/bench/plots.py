@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from agentenv.bench.stats import curve, mean_curve
+from agentenv.bench.stats import curve, eval_curve, mean_curve
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.runner import Probe, RunResult
@@ -42,26 +42,40 @@ def _by_variant(runs: Sequence["RunResult"]) -> dict[str, list["RunResult"]]:
     return out
 
 
-def plot_metric_curves(runs: Sequence["RunResult"], key: str, ylabel: str, title: str, path: Path) -> Path:
-    """Mean over seeds of `key` per training step, one line per variant, min–max band."""
+def plot_metric_curves(
+    runs: Sequence["RunResult"],
+    key: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    curve_of: Callable[[Sequence[Mapping[str, float]], str], dict[int, float]] = curve,
+) -> Path:
+    """Mean over seeds of `key` per step (`curve_of`: training steps or evaluations), one line per variant,
+    a min–max band over seeds."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     groups = _by_variant(runs)
+    drawn = 0
     for color, (name, rs) in zip(_colors(len(groups)), groups.items()):
-        steps, mean, lo, hi = mean_curve([curve(r.records, key) for r in rs])
+        steps, mean, lo, hi = mean_curve([curve_of(r.records, key) for r in rs])
         if not steps:
             continue
         ax.plot(steps, mean, marker="o", ms=3, color=color, label=f"{name} ({len(rs)} seeds)")
+        drawn += 1
         if len(rs) > 1:
             ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
+    if not drawn:
+        ax.text(0.5, 0.5, f"no run logged {key}", ha="center", va="center", transform=ax.transAxes)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title + (" (band: min–max over seeds)" if any(len(rs) > 1 for rs in groups.values()) else ""),
+                 fontsize=10)  # fmt: skip
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if drawn:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     return path
@@ -112,9 +126,17 @@ def plot_entropy_after_tool(
 
 
 def write_plots(runs: Sequence["RunResult"], base: "Probe | None", out: Path, positions: int) -> dict[str, Path]:
-    """reward_curves.png, tool_calls.png and entropy_after_tool.png in `out`."""
+    """heldout_accuracy.png, reward_curves.png, tool_calls.png and entropy_after_tool.png in `out`."""
     out = Path(out)
     return {
+        "heldout_accuracy": plot_metric_curves(
+            runs,
+            "eval/accuracy",
+            "held-out accuracy",
+            "Held-out accuracy during training (mean over seeds)",
+            out / "heldout_accuracy.png",
+            curve_of=eval_curve,
+        ),
         "reward_curves": plot_metric_curves(
             runs,
             "rollout/reward",
@@ -124,8 +146,8 @@ def write_plots(runs: Sequence["RunResult"], base: "Probe | None", out: Path, po
         ),
         "tool_calls": plot_metric_curves(
             runs,
-            "rollout/tool_calls_per_traj",
-            "tool calls per trajectory",
+            "rollout/tool_results_per_group",
+            "tool calls per group (shared prefixes once)",
             "Tool calls per step (mean over seeds)",
             out / "tool_calls.png",
         ),

@@ -1,4 +1,9 @@
-"""The benchmark's report: one row per variant (CSV and markdown) and the plots."""
+"""The benchmark's report: one row per variant (CSV and markdown), the pairing check, and the plots.
+
+Held-out numbers are the trainer's final evaluation of each run; over seeds
+they are a mean with its Student t interval, and each variant's difference
+from the first variant is taken seed by seed (paired) with its own interval.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from agentenv.bench.stats import PositionEntropy, Spread, curve, final_mean, spread
+from agentenv.bench.stats import (
+    Interval,
+    PositionEntropy,
+    Spread,
+    by_kind_over_seeds,
+    curve,
+    final_mean,
+    paired_interval,
+    pass_at_k_over_seeds,
+    spread,
+    t_interval,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.config import BenchConfig
@@ -20,6 +36,7 @@ ROLLOUT_METRICS = (
     ("reward", "rollout/reward"),
     ("accuracy_train", "rollout/accuracy"),
     ("tool_calls_per_traj", "rollout/tool_calls_per_traj"),
+    ("tool_results_per_group", "rollout/tool_results_per_group"),
     ("gen_tokens_per_group", "rollout/gen_tokens_per_group"),
     ("entropy", "rollout/entropy"),
     ("step_s", "time/step_s"),
@@ -41,11 +58,16 @@ class VariantRow:
         variant, algorithm: Which variant.
         seeds: The seeds it ran.
         heldout_accuracy: Final held-out accuracy (eval.json) over seeds.
+        accuracy_ci: The same as a mean with its t interval.
+        diff_vs_first: Paired difference from the first variant's accuracy
+            (seed by seed) with its t interval; None for the first variant.
+        pass_at: k -> pass@k over seeds (each run's mean over tasks).
+        by_kind: task kind -> accuracy over seeds.
         heldout_tool_calls: Tool calls per held-out task over seeds.
         rollout: Column stem -> spread over seeds of each seed's mean over the
             last `final_steps` training steps (see `ROLLOUT_METRICS`).
-        wall_s: Wall time per run (trainer build, training, final eval; the
-            first run also pays for imports and index builds).
+        wall_s: Wall time per run (trainer build, training, evaluations,
+            probe; the first run also pays for imports and index builds).
         train_s: Training time per run: the sum of the steps' `time/step_s`
             (rollout and update; the fair cost comparison).
         entropy_after_tool: Pooled probe entropy over the first
@@ -57,6 +79,10 @@ class VariantRow:
     algorithm: str
     seeds: list[int]
     heldout_accuracy: Spread
+    accuracy_ci: Interval
+    diff_vs_first: Interval | None
+    pass_at: dict[int, Interval]
+    by_kind: dict[str, Interval]
     heldout_tool_calls: Spread
     rollout: dict[str, Spread]
     wall_s: Spread
@@ -84,7 +110,11 @@ def early_mean(pe: PositionEntropy | None, k: int = EARLY_POSITIONS) -> float:
     return sum(pe.sums[:k]) / n if n else float("nan")
 
 
-def variant_rows(runs: Sequence["RunResult"], last: int) -> list[VariantRow]:
+def _accuracy_by_seed(runs: Sequence["RunResult"]) -> dict[int, float]:
+    return {r.seed: float(r.eval.get("accuracy", math.nan)) for r in runs}
+
+
+def variant_rows(runs: Sequence["RunResult"], last: int, confidence: float = 0.95) -> list[VariantRow]:
     """Aggregate runs into one row per variant (in the order variants first appear)."""
     order: list[str] = []
     by: dict[str, list[RunResult]] = {}
@@ -94,17 +124,23 @@ def variant_rows(runs: Sequence["RunResult"], last: int) -> list[VariantRow]:
             by[r.variant] = []
         by[r.variant].append(r)
     rows = []
-    for name in order:
+    first = _accuracy_by_seed(by[order[0]]) if order else {}
+    for i, name in enumerate(order):
         rs = by[name]
+        acc = _accuracy_by_seed(rs)
         rows.append(
             VariantRow(
                 variant=name,
                 algorithm=rs[0].algorithm,
                 seeds=[r.seed for r in rs],
-                heldout_accuracy=spread(r.eval.get("accuracy", math.nan) for r in rs),
+                heldout_accuracy=spread(acc.values()),
+                accuracy_ci=t_interval(acc.values(), confidence),
+                diff_vs_first=paired_interval(first, acc, confidence) if i else None,
+                pass_at=pass_at_k_over_seeds([r.eval.get("pass_at", {}) for r in rs], confidence),
+                by_kind=by_kind_over_seeds([r.eval.get("by_kind", {}) for r in rs], confidence),
                 heldout_tool_calls=spread(r.eval.get("tool_calls", math.nan) for r in rs),
                 rollout={stem: spread(final_mean(r.records, key, last) for r in rs) for stem, key in ROLLOUT_METRICS},
-                wall_s=spread(r.wall_s for r in rs),
+                wall_s=spread(r.wall_s + r.probe_s for r in rs),
                 train_s=spread(sum(curve(r.records, "time/step_s").values()) for r in rs),
                 entropy_after_tool=early_mean(pool_probes([r.probe for r in rs], "after_tool")),
                 entropy_first_turn=early_mean(pool_probes([r.probe for r in rs], "after_prompt")),
@@ -117,6 +153,9 @@ def variant_rows(runs: Sequence["RunResult"], last: int) -> list[VariantRow]:
 def csv_header() -> list[str]:
     cols = ["variant", "algorithm", "n_seeds", "seeds"]
     cols += ["heldout_accuracy_mean", "heldout_accuracy_std", "heldout_accuracy_min", "heldout_accuracy_max"]
+    cols += ["heldout_accuracy_ci_low", "heldout_accuracy_ci_high"]
+    cols += ["diff_vs_first_mean", "diff_vs_first_ci_low", "diff_vs_first_ci_high", "diff_vs_first_excludes_0"]
+    cols += ["pass_at", "by_kind"]
     cols += ["heldout_tool_calls_mean", "heldout_tool_calls_std"]
     for stem, _ in ROLLOUT_METRICS:
         cols += [f"{stem}_mean", f"{stem}_std"]
@@ -128,7 +167,14 @@ def csv_header() -> list[str]:
 def csv_row(row: VariantRow) -> list[Any]:
     a = row.heldout_accuracy
     vals: list[Any] = [row.variant, row.algorithm, len(row.seeds), " ".join(map(str, row.seeds))]
-    vals += [a.mean, a.std, a.min, a.max, row.heldout_tool_calls.mean, row.heldout_tool_calls.std]
+    vals += [a.mean, a.std, a.min, a.max, row.accuracy_ci.low, row.accuracy_ci.high]
+    d = row.diff_vs_first
+    vals += [d.mean, d.low, d.high, int(d.excludes(0.0))] if d is not None else ["", "", "", ""]
+    vals += [
+        " ".join(f"{k}:{v.mean:.4f}" for k, v in row.pass_at.items()),
+        " ".join(f"{k}:{v.mean:.4f}" for k, v in row.by_kind.items()),
+    ]
+    vals += [row.heldout_tool_calls.mean, row.heldout_tool_calls.std]
     for stem, _ in ROLLOUT_METRICS:
         vals += [row.rollout[stem].mean, row.rollout[stem].std]
     vals += [row.train_s.mean, row.train_s.std, row.wall_s.mean, row.wall_s.std]
@@ -151,63 +197,180 @@ def _pm(s: Spread, fmt: str = "{:.3f}") -> str:
     return fmt.format(s.mean) + (f" ± {fmt.format(s.std)}" if s.n > 1 else "")
 
 
+def fmt_interval(iv: Interval | None, fmt: str = "{:.3f}", signed: bool = False) -> str:
+    """`0.250 [0.190, 0.310]`; `+0.040 [0.010, 0.070] *` when a signed difference's interval excludes 0."""
+    if iv is None:
+        return "—"
+    if iv.n == 0:
+        return "n/a"
+    f = fmt.replace("{:", "{:+") if signed else fmt
+    text = f.format(iv.mean)
+    if iv.n >= 2:
+        text += f" [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
+    if signed and iv.excludes(0.0):
+        text += " *"
+    return text
+
+
+def _ratio(x: float, ref: float) -> str:
+    return f" ({x / ref:.2f}x)" if ref and math.isfinite(x) and math.isfinite(ref) else ""
+
+
 def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
-    """The report table: one row per variant, mean ± std over seeds."""
+    """The main table: held-out accuracy with intervals, the paired difference, pass@k, costs."""
+    first = rows[0].variant if rows else ""
+    k_max = max((k for r in rows for k in r.pass_at), default=1)
     head = [
         "variant",
         "algorithm",
         "seeds",
-        "held-out acc",
-        "acc min–max",
+        "held-out acc [95% CI]",
+        f"Δ acc vs {first} [95% CI]",
+        f"pass@{k_max}",
         f"reward (last {last})",
         "tool calls/traj",
+        "tool results/group (vs first)",
         "gen tokens/group",
         "H after tool (0-9)",
-        "train s/run",
-        "rollout s/step",
-        "old-lp s/step",
-        "update s/step",
-        "push s/step",
+        "wall min/run",
+        "wall min (all seeds)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
+    ref_calls = rows[0].rollout["tool_results_per_group"].mean if rows else math.nan
     for r in rows:
-        a = r.heldout_accuracy
         h = "n/a" if math.isnan(r.entropy_after_tool) else f"{r.entropy_after_tool:.3f}"
+        calls = r.rollout["tool_results_per_group"]
         cells = [
             r.variant,
             r.algorithm,
             str(len(r.seeds)),
-            _pm(a),
-            "n/a" if a.n == 0 else f"{a.min:.3f}–{a.max:.3f}",
+            fmt_interval(r.accuracy_ci),
+            fmt_interval(r.diff_vs_first, signed=True),
+            fmt_interval(r.pass_at.get(k_max)),
             _pm(r.rollout["reward"]),
             _pm(r.rollout["tool_calls_per_traj"], "{:.2f}"),
+            _pm(calls, "{:.1f}") + _ratio(calls.mean, ref_calls),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
-            _pm(r.train_s, "{:.0f}"),
-            *(_pm(r.rollout[k], "{:.2f}") for k in ("rollout_s", "old_logprobs_s", "update_s", "push_s")),
+            _pm(Spread(*(v / 60 for v in (r.wall_s.mean, r.wall_s.std, r.wall_s.min, r.wall_s.max)), r.wall_s.n), "{:.1f}"),
+            f"{r.wall_s.mean * r.wall_s.n / 60:.1f}" if r.wall_s.n else "n/a",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def kind_table(rows: Sequence[VariantRow]) -> str:
+    """Held-out accuracy per task kind (mean [95% CI] over seeds) and pass@k for every k measured."""
+    kinds = sorted({k for r in rows for k in r.by_kind})
+    ks = sorted({k for r in rows for k in r.pass_at})
+    head = ["variant", *kinds, *(f"pass@{k}" for k in ks)]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "|".join(["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r.variant, *(fmt_interval(r.by_kind.get(k)) for k in kinds), *(fmt_interval(r.pass_at.get(k)) for k in ks)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def timing_table(rows: Sequence[VariantRow], last: int) -> str:
+    """A training step itemized (mean ± std over seeds of each run's mean over the last steps)."""
+    head = ["variant", "train s/run", "step s", "rollout s/step", "old-lp s/step", "update s/step", "push s/step"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "|".join(["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r.variant, _pm(r.train_s, "{:.0f}")]
+        cells += [_pm(r.rollout[k], "{:.2f}") for k in ("step_s", "rollout_s", "old_logprobs_s", "update_s", "push_s")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pairing_check(runs: Sequence["RunResult"]) -> list[str]:
+    """Check that the runs of one seed were paired; returns the problems found (empty: paired).
+
+    For each seed, every variant must have trained on the same task batches
+    (`batches.jsonl`, step by step), been evaluated on the same number of
+    held-out tasks, and with the same evaluation seed as the first variant.
+    An algorithm that draws extra tasks (dynamic sampling) shows here as a
+    batch that differs.
+    """
+    problems: list[str] = []
+    by_seed: dict[int, list[RunResult]] = {}
+    for r in runs:
+        by_seed.setdefault(r.seed, []).append(r)
+    for seed, rs in sorted(by_seed.items()):
+        ref = rs[0]
+        ref_batches = _batches(ref)
+        for r in rs[1:]:
+            b = _batches(r)
+            diff = [s for s in sorted(set(ref_batches) | set(b)) if ref_batches.get(s) != b.get(s)]
+            if diff:
+                problems.append(
+                    f"seed {seed}: {r.variant} trained on other tasks than {ref.variant} at steps "
+                    f"{', '.join(map(str, diff[:5]))}{' ...' if len(diff) > 5 else ''}"
+                )
+            if r.eval.get("n_tasks") != ref.eval.get("n_tasks"):
+                problems.append(f"seed {seed}: {r.variant} was evaluated on {r.eval.get('n_tasks')} held-out tasks, "
+                                f"{ref.variant} on {ref.eval.get('n_tasks')}")  # fmt: skip
+            if _eval_seed(r) != _eval_seed(ref):
+                problems.append(f"seed {seed}: {r.variant} evaluated with seed {_eval_seed(r)}, "
+                                f"{ref.variant} with {_eval_seed(ref)}")  # fmt: skip
+    return problems
+
+
+def _batches(run: "RunResult") -> dict[int, list[str]]:
+    path = Path(run.output_dir) / "batches.jsonl"
+    if not path.exists():
+        return {}
+    return {int(d["step"]): list(d["tasks"]) for d in map(json.loads, path.read_text().splitlines()) if d}
+
+
+def _eval_seed(run: "RunResult") -> Any:
+    path = Path(run.output_dir) / "config.json"
+    t = json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}
+    return t.get("seed") if t.get("eval_seed") is None else t.get("eval_seed")
+
+
 def markdown_report(
     bench: "BenchConfig", runs: Sequence["RunResult"], rows: Sequence[VariantRow], last: int, plots: dict[str, Path]
 ) -> str:
-    """Title, the shared budget, how to read the columns, the table, the plots."""
+    """Title, the shared budget, the pairing check, how to read the columns, the tables, the plots."""
     tc = _trainer_summary(runs)
+    conf = f"{bench.confidence:.0%}"
+    problems = pairing_check(runs)
+    steps = len({s for r in runs[:1] for s in _batches(r)})
+    paired = (
+        f"Paired: for each seed every variant trained on the same task batches ({steps} steps, checked in "
+        "batches.jsonl), with the same sampling seeds, and was evaluated on the same held-out tasks with the same "
+        "evaluation seed."
+        if not problems
+        else "Pairing problems (differences are less precise than paired ones): " + "; ".join(problems) + "."
+    )
+    smoke = " Smoke run: fewer than 3 seeds, the intervals are missing or very wide." if bench.smoke else ""
     lines = [
         f"# {bench.name}",
         "",
-        f"{len(rows)} variants × {len(bench.seeds)} seeds ({', '.join(map(str, bench.seeds))}); {tc}.",
-        f"Held-out accuracy: the trainer's final evaluation; mean ± sample std over seeds. "
-        f"Rollout columns: mean over the last {last} training steps. "
+        f"{len(rows)} variants × {len(bench.seeds)} seeds ({', '.join(map(str, bench.seeds))}); {tc}.{smoke}",
+        paired,
+        "",
+        f"Held-out accuracy: the trainer's final evaluation; mean over seeds [{conf} Student t interval]. "
+        f"Δ: each seed's accuracy minus {rows[0].variant if rows else 'the first variant'}'s on the same seed, "
+        f"mean [{conf} t interval over the per-seed differences]; * marks an interval that excludes 0. "
+        f"Rollout columns: mean ± std over seeds of the last {last} training steps. "
+        "tool results/group: the tool results the env returned per task (a tree's shared prefix counted once: "
+        "the tool-call budget the ARPO paper compares; answers to malformed calls included), and its ratio to "
+        "the first variant; tool calls/traj: well-formed calls per trajectory, shared prefixes counted in each. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
-        f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy. "
-        "train s: summed step times (rollout + update) per run; the s/step columns itemize a step "
-        f"(mean over the last {last} steps): rollout, old-logprob recompute, update (forward, backward, "
-        "optimizer), weight push.",
+        f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy "
+        f"({'seeds ' + ', '.join(map(str, bench.probe.seeds)) if bench.probe.seeds else 'every seed'}, pooled). "
+        "wall: training, evaluations and probe of a run.",
         "",
         markdown_table(rows, last),
+        "",
+        f"Held-out accuracy by task kind and pass@k (mean over seeds [{conf} t interval]):",
+        "",
+        kind_table(rows),
+        "",
+        f"A training step itemized (mean over the last {last} steps; train s: summed step times per run):",
+        "",
+        timing_table(rows, last),
         "",
     ]
     lines += [f"![{name}]({p.name})" for name, p in plots.items()]
@@ -221,9 +384,11 @@ def _trainer_summary(runs: Sequence["RunResult"]) -> str:
     t = meta.get("trainer", {})
     a = meta.get("algorithm", {})
     e = meta.get("env", {})
+    tools = e.get("tools")
     return (
         f"{t.get('steps')} steps × {t.get('tasks_per_step')} tasks × group {a.get('group_size')}, "
-        f"tools {e.get('tools')}, {t.get('eval_tasks')} held-out tasks"
+        f"tools {', '.join(tools) if isinstance(tools, (dict, list)) else tools}, "
+        f"{t.get('eval_tasks')} held-out tasks x {t.get('eval_samples')} samples"
     )
 
 
@@ -236,7 +401,7 @@ def write_report(
     out = Path(bench.output_dir)
     steps = max((int(r["step"]) for run in runs for r in run.records if "rollout/reward" in r), default=1)
     last = bench.final_window(steps)
-    rows = variant_rows(runs, last)
+    rows = variant_rows(runs, last, bench.confidence)
     files: dict[str, Path] = {"csv": out / "results.csv", "markdown": out / "results.md"}
     write_csv(rows, files["csv"])
     plots = write_plots(runs, base, out, positions=bench.probe.positions)

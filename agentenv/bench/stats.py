@@ -1,4 +1,10 @@
-"""Pure aggregation: spreads over seeds, metric curves, entropy by position after a tool result."""
+"""Pure aggregation: intervals over seeds, paired differences, pass@k, metric curves, entropy after a tool result.
+
+Confidence intervals are Student t intervals over seeds: with n seeds,
+mean ± t_{(1+c)/2, n-1} · s / √n (s the sample std). The t quantile is
+computed here (A&S 26.7.3/26.7.4, exact for integer degrees of freedom), so
+the statistics need no scipy.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,110 @@ def spread(values: Iterable[float]) -> Spread:
     return Spread(float(xs.mean()), std, float(xs.min()), float(xs.max()), int(xs.size))
 
 
+@dataclass(frozen=True)
+class Interval:
+    """A mean over seeds with its confidence interval.
+
+    `low`/`high` are nan when fewer than 2 finite values exist (no interval).
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+
+    @property
+    def half(self) -> float:
+        """Half-width of the interval (nan without one)."""
+        return (self.high - self.low) / 2
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """The interval exists and `value` lies outside it (a difference 'significant' at 1 - confidence)."""
+        return self.n >= 2 and (self.low > value or self.high < value)
+
+
+def t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with `df` (integer >= 1) degrees of freedom.
+
+    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df), with
+    θ = atan(t / √df): a finite series in cos²θ, exact for integer df.
+    """
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {df}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/π)(θ + sinθ cosθ (1 + 2/3 cos² + 2·4/(3·5) cos⁴ + ... up to cos^(df-3)))
+        total, term = (1.0, 1.0) if df > 1 else (0.0, 0.0)
+        for j in range(2, df - 1, 2):
+            term *= c2 * j / (j + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    total, term = 1.0, 1.0  # even: sinθ (1 + 1/2 cos² + 1·3/(2·4) cos⁴ + ... up to cos^(df-2))
+    for j in range(1, df - 2, 2):
+        term *= c2 * j / (j + 1)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """The t such that P(|T| <= t) = `confidence` (0.95, df 2 -> 4.3027), by bisection on θ."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    lo, hi = 0.0, math.pi / 2  # θ; the mass rises monotonically from 0 to 1
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_two_sided_mass(math.sqrt(df) * math.tan(mid), df) < confidence:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(df) * math.tan((lo + hi) / 2)
+
+
+def t_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
+    """Mean of the finite values with its Student t interval (df = n - 1)."""
+    xs = np.array([float(v) for v in values if v is not None and math.isfinite(float(v))], dtype=np.float64)
+    nan = float("nan")
+    if xs.size == 0:
+        return Interval(nan, nan, nan, 0, confidence)
+    mean = float(xs.mean())
+    if xs.size < 2:
+        return Interval(mean, nan, nan, 1, confidence)
+    half = t_quantile(confidence, xs.size - 1) * float(xs.std(ddof=1)) / math.sqrt(xs.size)
+    return Interval(mean, mean - half, mean + half, int(xs.size), confidence)
+
+
+def paired_differences(first: Mapping[int, float], other: Mapping[int, float]) -> dict[int, float]:
+    """seed -> other[seed] - first[seed], over the seeds both have with finite values."""
+    return {
+        s: float(other[s]) - float(first[s])
+        for s in sorted(set(first) & set(other))
+        if math.isfinite(float(first[s])) and math.isfinite(float(other[s]))
+    }
+
+
+def paired_interval(first: Mapping[int, float], other: Mapping[int, float], confidence: float = 0.95) -> Interval:
+    """Mean of the per-seed differences `other - first` with its t interval (paired: seed by seed)."""
+    return t_interval(paired_differences(first, other).values(), confidence)
+
+
+def pass_at_k_over_seeds(reports: Sequence[Mapping[str | int, float]], confidence: float = 0.95) -> dict[int, Interval]:
+    """k -> interval over seeds of each run's pass@k (its mean over tasks), for the k every run measured.
+
+    `reports` are the runs' `eval.json["pass_at"]` mappings (JSON turns the k into strings).
+    """
+    if not reports:
+        return {}
+    ks = sorted(set.intersection(*({int(k) for k in r} for r in reports)))
+    return {k: t_interval((float(r.get(k, r.get(str(k), math.nan))) for r in reports), confidence) for k in ks}
+
+
+def by_kind_over_seeds(reports: Sequence[Mapping[str, float]], confidence: float = 0.95) -> dict[str, Interval]:
+    """kind -> interval over seeds of the runs' per-kind accuracy (`eval.json["by_kind"]`), kinds in order."""
+    kinds = sorted({k for r in reports for k in r})
+    return {k: t_interval((r.get(k, math.nan) for r in reports), confidence) for k in kinds}
+
+
 def step_records(records: Sequence[Mapping[str, float]], key: str = "rollout/reward") -> list[Mapping[str, float]]:
     """The training-step records of a metrics.jsonl (eval-only records left out), by step."""
     return sorted((r for r in records if key in r), key=lambda r: r["step"])
@@ -50,6 +160,11 @@ def final_mean(records: Sequence[Mapping[str, float]], key: str, last: int) -> f
     """Mean of `key` over the last `last` training steps (nan if none has it)."""
     vals = [v for _, v in sorted(curve(records, key).items())][-last:] if last > 0 else []
     return float(np.mean(vals)) if vals else float("nan")
+
+
+def eval_curve(records: Sequence[Mapping[str, float]], key: str = "eval/accuracy") -> dict[int, float]:
+    """step -> held-out `key` over every evaluation a run logged (at the start, every `eval_every`, the end)."""
+    return {int(r["step"]): float(r[key]) for r in sorted(records, key=lambda r: r["step"]) if key in r}
 
 
 def mean_curve(curves: Sequence[Mapping[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from agentenv.algorithms import get_algorithm
-from agentenv.algorithms.base import LossNorm, TrainBatch
+from agentenv.algorithms.base import LossNorm, TrainBatch, own_tool_results
 from agentenv.algorithms.grpo.loss import kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
@@ -460,6 +460,8 @@ class Trainer:
             "reward": sum(t.reward for t in trajs),
             "correct": float(sum(t.correct for t in trajs)),
             "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
+            # tool results the env produced: a tree's shared prefixes count once (the paper's tool-call budget)
+            "tool_results": float(sum(own_tool_results(t) for t in trajs)),
             # tokens the sampler generated: a tree's shared prefixes count once
             "gen_tokens": float(sum(self.algorithm.generated_tokens(g) for g in groups)),
             "failed": float(sum(t.failed for t in trajs)),
@@ -486,6 +488,7 @@ class Trainer:
             "rollout/accuracy": total["correct"] / n,
             "rollout/tool_calls_per_traj": total["tool_calls"] / n,
             "rollout/gen_tokens_per_group": total["gen_tokens"] / max(total["n_groups"], 1.0),
+            "rollout/tool_results_per_group": total["tool_results"] / max(total["n_groups"], 1.0),
             "rollout/failed": total["failed"],
             "rollout/trajectories": total["n_traj"],
             "rollout/entropy": total["entropy_sum"] / max(total["entropy_n"], 1.0),

@@ -1,4 +1,10 @@
-"""The benchmark end to end on a tiny budget: real trainer, tiny model, local search."""
+"""The benchmark end to end on a tiny budget: real trainer, tiny model, local search.
+
+One benchmark of 2 variants x 2 seeds (a smoke run: 1 step each), the second
+variant given as a run config file; then the state a killed run leaves (a
+directory without `bench_run.json`) is redone while the finished runs are
+reused.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ TINY_BUDGET = [
     "trainer.mini_batch_tasks=2",
     "trainer.micro_batch_size=4",
     "trainer.lr=0.001",
+    "trainer.eval_every=1",  # evaluations at step 0 and 1: a held-out curve of two points
     "trainer.eval_tasks=2",
+    "trainer.eval_samples=2",
     "trainer.checkpoint_every=1",
     "logging.tensorboard=false",
     "logging.progress=false",
@@ -33,16 +41,20 @@ TINY_BUDGET = [
 
 
 @pytest.mark.slow
-def test_tiny_benchmark_writes_consistent_tables_and_plots(tmp_path, tiny_model_path, capsys):
+def test_tiny_benchmark_tables_plots_and_resume(tmp_path, tiny_model_path, capsys):
     out = tmp_path / "bench"
+    (tmp_path / "arpo_run.yaml").write_text(
+        yaml.safe_dump({"model": {"path": str(tiny_model_path)}, "algorithm": {"name": "arpo", "initial_rollouts": 1}})
+    )
     cfg = {
         "name": "tiny",
         "output_dir": str(out),
-        "seeds": [0],
+        "seeds": [0, 1],
+        "smoke": True,
         "base": {"model": {"path": str(tiny_model_path)}},
         "variants": {
             "grpo": {"algorithm": {"name": "grpo"}},
-            "arpo_hard": {"algorithm": {"name": "arpo", "initial_rollouts": 1, "advantage": "hard"}},
+            "arpo_hard": {"config": "arpo_run.yaml", "algorithm": {"advantage": "hard"}},  # a run config file
         },
         "probe": {"tasks": 2, "samples": 1, "positions": 50, "base_model": True},
     }
@@ -51,45 +63,65 @@ def test_tiny_benchmark_writes_consistent_tables_and_plots(tmp_path, tiny_model_
 
     result = run_benchmark(path, TINY_BUDGET)
 
-    printed = capsys.readouterr().out
-    assert "| grpo | grpo |" in printed and "| arpo_hard | arpo |" in printed
-    assert "| rollout s/step | old-lp s/step | update s/step | push s/step |" in printed
+    captured = capsys.readouterr()
+    # the plan and its estimate come first, from the prior (nothing finished yet)
+    assert "plan: 2 variants x 2 seeds = 4 runs (0 reused, 4 to train)" in captured.err
+    assert "estimated wall time:" in captured.err and "prior: " in captured.err
+    assert captured.err.index("plan:") < captured.err.index("training into")
+    printed = captured.out
+    assert "| grpo | grpo | 2 |" in printed and "| arpo_hard | arpo | 2 |" in printed
+    assert "Paired: for each seed every variant trained on the same task batches (1 steps" in printed
     assert (out / "results.md").read_text() == result.markdown
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["variant"] for r in rows] == ["grpo", "arpo_hard"]
+    acc = {}
     for row in rows:
-        run_dir = out / "runs" / row["variant"] / "seed0"
-        ev = json.loads((run_dir / "eval.json").read_text())
-        assert ev["n_tasks"] == 2
-        assert float(row["heldout_accuracy_mean"]) == pytest.approx(ev["accuracy"], abs=1e-5)
-        assert float(row["heldout_accuracy_min"]) == pytest.approx(ev["accuracy"], abs=1e-5)
-        assert float(row["heldout_accuracy_std"]) == 0.0
-        steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/reward" in r]
-        assert len(steps) == 1
-        assert float(row["reward_mean"]) == pytest.approx(steps[0]["rollout/reward"], abs=1e-5)
-        gen = steps[0]["rollout/gen_tokens_per_group"]
-        assert float(row["gen_tokens_per_group_mean"]) == pytest.approx(gen, rel=1e-5)
-        assert float(row["train_s_mean"]) == pytest.approx(steps[0]["time/step_s"], rel=1e-4)
-        for part in ("rollout", "old_logprobs", "update", "push"):  # the step itemized, as the trainer logs it
-            assert float(row[f"{part}_s_mean"]) == pytest.approx(steps[0][f"time/{part}_s"], rel=1e-4)
+        evals = []
+        for seed in (0, 1):
+            run_dir = out / "runs" / row["variant"] / f"seed{seed}"
+            ev = json.loads((run_dir / "eval.json").read_text())
+            assert ev["n_tasks"] == 2 and ev["n_samples"] == 4
+            evals.append(ev)
+            records = read_metrics(run_dir / "metrics.jsonl")
+            assert sorted(r["step"] for r in records if "eval/accuracy" in r) == [0, 1]
+            steps = [r for r in records if "rollout/reward" in r]
+            assert len(steps) == 1 and "rollout/tool_results_per_group" in steps[0]
+            probe = json.loads((run_dir / "probe.json").read_text())
+            assert probe["episodes"] == 2 and len(probe["after_tool"]["sums"]) == 50
+        acc[row["variant"]] = [e["accuracy"] for e in evals]
+        assert float(row["heldout_accuracy_mean"]) == pytest.approx(sum(acc[row["variant"]]) / 2, abs=1e-5)
+        assert "1:" in row["pass_at"] and "2:" in row["pass_at"]
+        assert row["by_kind"].startswith("twohop:")
         assert float(row["wall_s_mean"]) > 0
-        probe = json.loads((run_dir / "probe.json").read_text())
-        assert probe["episodes"] == 2 and len(probe["after_tool"]["sums"]) == 50
-        assert probe["after_prompt"]["counts"][0] == 2  # every episode has a first turn
+    diffs = [b - a for a, b in zip(acc["grpo"], acc["arpo_hard"])]
+    assert float(rows[1]["diff_vs_first_mean"]) == pytest.approx(sum(diffs) / 2, abs=1e-5)
+    assert rows[0]["diff_vs_first_mean"] == ""  # the first variant is the reference
 
-    for name in ("reward_curves", "tool_calls", "entropy_after_tool"):
+    for name in ("heldout_accuracy", "reward_curves", "tool_calls", "entropy_after_tool"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC
         from matplotlib.image import imread
 
-        h, w, _ = imread(png).shape
+        img = imread(png)
+        h, w, _ = img.shape
         assert h > 100 and w > 100
+        rgb = img[..., :3]
+        for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):  # both variants drawn (tab10 blue and orange)
+            assert (abs(rgb - color).sum(-1) < 0.1).sum() > 50, (name, color)
         assert f"({png.name})" in result.markdown
 
-    # a rerun of the same config reuses the finished runs instead of training again
+    # a killed run leaves a directory without bench_run.json (written last): it is trained again, the rest reused
+    killed = out / "runs" / "arpo_hard" / "seed1"
+    (killed / "bench_run.json").unlink()
+    (killed / "probe.json").unlink()
     mtime = (out / "runs" / "grpo" / "seed0" / "eval.json").stat().st_mtime_ns
     again = run_benchmark(path, TINY_BUDGET)
-    assert "reusing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "plan: 2 variants x 2 seeds = 4 runs (3 reused, 1 to train)" in err
+    assert "arpo_hard            seed 1    redo   (partial: killed before it finished" in err
+    assert "measured: 1 finished arpo_hard run(s)" in err  # the estimate now comes from the finished runs
+    assert err.count("reusing") == 3 and "training again (partial" in err
     assert (out / "runs" / "grpo" / "seed0" / "eval.json").stat().st_mtime_ns == mtime
-    assert [r.eval["accuracy"] for r in again.runs] == [r.eval["accuracy"] for r in result.runs]
+    assert (killed / "bench_run.json").exists() and (killed / "probe.json").exists()
+    assert [r.eval["accuracy"] for r in again.runs][:3] == [r.eval["accuracy"] for r in result.runs][:3]

@@ -1,4 +1,5 @@
-"""Pure aggregation on hand-built inputs: spreads, curves, entropy by position after a tool result."""
+"""Pure aggregation on hand-built inputs: t intervals, paired differences, pass@k over seeds, spreads, curves,
+entropy by position after a tool result. Every expected number is worked out in the test."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ from agentenv.bench.report import early_mean, pool_probes, variant_rows
 from agentenv.bench.runner import Probe, RunResult
 from agentenv.bench.stats import (
     PositionEntropy,
+    by_kind_over_seeds,
     curve,
     entropy_by_position,
+    eval_curve,
     final_mean,
     mean_curve,
+    paired_differences,
+    paired_interval,
+    pass_at_k_over_seeds,
     spread,
+    t_interval,
+    t_quantile,
+    t_two_sided_mass,
 )
 from agentenv.types import Segment, Trajectory
 
@@ -128,3 +137,77 @@ def test_variant_rows_aggregate_seeds_in_config_order():
     assert b.entropy_after_tool == pytest.approx(3.0)  # pooled over seeds
     assert math.isnan(rows[1].entropy_after_tool)
     assert pool_probes([None], "after_tool") is None
+
+
+# --------------------------------------------------------------------------- Student t
+def test_t_quantile_closed_forms_and_table_values():
+    # df 1 (Cauchy): P(|T| <= t) = 2 atan(t) / pi, so t = tan(0.95 pi / 2)
+    assert t_quantile(0.95, 1) == pytest.approx(math.tan(0.95 * math.pi / 2), rel=1e-12)
+    assert t_quantile(0.95, 1) == pytest.approx(12.7062, abs=1e-4)  # the printed table's value
+    # df 2: P(|T| <= t) = t / sqrt(2 + t^2), so t = 0.95 sqrt(2 / (1 - 0.95^2)) = 4.3027
+    assert t_quantile(0.95, 2) == pytest.approx(0.95 * math.sqrt(2 / (1 - 0.95**2)), rel=1e-12)
+    # table values (two-sided 95%): df 4, 9, 30
+    for df, table in ((4, 2.7764), (9, 2.2622), (30, 2.0423)):
+        assert t_quantile(0.95, df) == pytest.approx(table, abs=1e-4)
+    assert t_two_sided_mass(0.0, 5) == 0.0
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+def test_t_quantile_matches_scipy():
+    """scipy.stats.t.ppf as the reference (installed on this machine; not a dependency of agentenv)."""
+    from scipy.stats import t
+
+    for df in range(1, 41):
+        for conf in (0.8, 0.9, 0.95, 0.99):
+            assert t_quantile(conf, df) == pytest.approx(t.ppf((1 + conf) / 2, df), rel=1e-9)
+
+
+def test_t_interval_by_hand():
+    # mean 0.3, sample std 0.1, n 3: half = t(0.975, 2) * 0.1 / sqrt(3) = 4.302653 * 0.057735 = 0.248414
+    iv = t_interval([0.2, 0.3, 0.4])
+    assert iv.mean == pytest.approx(0.3)
+    assert iv.half == pytest.approx(0.248414, abs=1e-6)
+    assert (iv.low, iv.high) == pytest.approx((0.051586, 0.548414), abs=1e-6)
+    assert iv.n == 3 and iv.excludes(0.0) and not iv.excludes(0.5)
+    one = t_interval([0.4, float("nan")])
+    assert one.n == 1 and one.mean == 0.4 and math.isnan(one.low) and not one.excludes(0.0)
+    assert t_interval([]).n == 0
+
+
+def test_paired_difference_is_taken_seed_by_seed():
+    first = {0: 0.20, 1: 0.30, 2: 0.40}
+    # +0.05, +0.06, +0.04 on the same seeds: mean 0.05, std 0.01, half 4.302653 * 0.01 / sqrt(3) = 0.024841
+    other = {0: 0.25, 1: 0.36, 2: 0.44}
+    assert paired_differences(first, other) == pytest.approx({0: 0.05, 1: 0.06, 2: 0.04})
+    d = paired_interval(first, other)
+    assert d.mean == pytest.approx(0.05)
+    assert (d.low, d.high) == pytest.approx((0.025159, 0.074841), abs=1e-6)
+    assert d.excludes(0.0)  # marked: the interval excludes 0
+    # unpaired, the two intervals overlap (0.30 [0.05, 0.55] vs 0.35 [0.10, 0.60]): pairing removes the seed effect
+    assert t_interval(first.values()).high > t_interval(other.values()).low
+    # diffs +0.05, +0.08, +0.03: mean 0.053333, std 0.025166, half 0.062516 -> [-0.009183, 0.115849] holds 0
+    d2 = paired_interval(first, {0: 0.25, 1: 0.38, 2: 0.43})
+    assert (d2.low, d2.high) == pytest.approx((-0.009183, 0.115849), abs=1e-6)
+    assert not d2.excludes(0.0)
+    # a seed one variant lacks (or a nan) is left out of the pairs
+    assert paired_differences(first, {0: 0.3, 2: float("nan"), 7: 1.0}) == pytest.approx({0: 0.1})
+
+
+def test_pass_at_k_and_kinds_over_seeds():
+    # eval.json after a JSON round trip: the k are strings
+    reports = [{"1": 0.2, "2": 0.3, "4": 0.5}, {"1": 0.4, "2": 0.5}, {"1": 0.3, "2": 0.4}]
+    out = pass_at_k_over_seeds(reports)
+    assert sorted(out) == [1, 2]  # k = 4 was not measured by every run
+    assert out[1].mean == pytest.approx(0.3) and out[2].mean == pytest.approx(0.4)
+    assert out[2].half == pytest.approx(0.248414, abs=1e-6)  # values 0.3, 0.4, 0.5: std 0.1, as above
+    assert pass_at_k_over_seeds([]) == {}
+    kinds = by_kind_over_seeds([{"arith": 0.5, "twohop": 0.1}, {"arith": 0.7}])
+    assert list(kinds) == ["arith", "twohop"]
+    assert kinds["arith"].mean == pytest.approx(0.6) and kinds["twohop"].n == 1
+
+
+def test_eval_curve_reads_every_evaluation():
+    recs = [{"step": 0, "eval/accuracy": 0.1}, {"step": 2, "rollout/reward": 0.3, "eval/accuracy": 0.2},
+            {"step": 1, "rollout/reward": 0.1}, {"step": 4, "eval/accuracy": 0.4}]  # fmt: skip
+    assert eval_curve(recs) == {0: 0.1, 2: 0.2, 4: 0.4}

@@ -50,6 +50,7 @@ def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
     steps = [r["step"] for r in records if "rollout/reward" in r]
     assert steps == [1, 2]
     for key in ("rollout/reward", "rollout/tool_calls_per_traj", "rollout/gen_tokens_per_group", "rollout/entropy",
+                "rollout/tool_results_per_group",
                 "train/clip_frac", "train/logprob_gap_mean", "time/step_s"):
         assert key in records[0], key
     parts = ("time/rollout_s", "time/old_logprobs_s", "time/update_s", "time/push_s")

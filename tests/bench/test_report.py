@@ -1,0 +1,87 @@
+"""The report on hand-built runs: intervals and the marked paired difference in the table, the pairing check,
+and the plots (files written, not blank)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from agentenv.bench.config import bench_config_from_dict
+from agentenv.bench.report import fmt_interval, pairing_check, write_report
+from agentenv.bench.runner import Probe, RunResult
+from agentenv.bench.stats import Interval, PositionEntropy
+
+ACC = {"a": [0.20, 0.30, 0.40], "b": [0.25, 0.36, 0.44]}  # b - a: +0.05, +0.06, +0.04 -> 0.05 [0.025, 0.075] *
+
+
+def _run(tmp_path, variant: str, seed: int, batches=None, eval_seed=None) -> RunResult:
+    d = tmp_path / "runs" / variant / f"seed{seed}"
+    d.mkdir(parents=True)
+    steps = batches or {1: ["t1", "t2"], 2: ["t3", "t4"]}
+    (d / "batches.jsonl").write_text("".join(json.dumps({"step": s, "tasks": t}) + "\n" for s, t in steps.items()))
+    cfg = {"trainer": {"seed": seed, "eval_seed": eval_seed, "steps": 2, "tasks_per_step": 2, "eval_tasks": 4},
+           "algorithm": {"group_size": 4}, "env": {"tools": ["search"]}}  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    acc = ACC[variant][seed]
+    calls = 8.0 if variant == "a" else 4.0
+    records = [{"step": 0, "eval/accuracy": acc - 0.1}]
+    for s in (1, 2):
+        records.append({"step": s, "rollout/reward": 0.1 * s + seed, "rollout/tool_calls_per_traj": 1.0 + s,
+                        "rollout/tool_results_per_group": calls, "rollout/gen_tokens_per_group": 300.0,
+                        "time/step_s": 10.0, "rollout/entropy": 0.5})  # fmt: skip
+    records.append({"step": 2, "eval/accuracy": acc})
+    top = 2.0 if variant == "a" else 3.0  # apart, so neither line hides the other
+    h = PositionEntropy([top - 0.02 * i for i in range(50)], [4] * 50)
+    probe = Probe(h, PositionEntropy([1.0] * 50, [4] * 50), 8, 1.5)
+    ev = {"accuracy": acc, "pass_at": {"1": acc, "2": acc + 0.1}, "by_kind": {"arith": acc, "twohop": acc / 2},
+          "n_tasks": 4, "tool_calls": 1.0}  # fmt: skip
+    return RunResult(variant, seed, "grpo" if variant == "a" else "arpo", d, 60.0, ev, records, probe, 30.0)
+
+
+def test_fmt_interval():
+    assert fmt_interval(Interval(0.3, 0.051586, 0.548414, 3)) == "0.300 [0.052, 0.548]"
+    assert fmt_interval(Interval(0.05, 0.025, 0.075, 3), signed=True) == "+0.050 [0.025, 0.075] *"
+    assert fmt_interval(Interval(0.05, -0.01, 0.11, 3), signed=True) == "+0.050 [-0.010, 0.110]"
+    assert fmt_interval(None) == "—"
+
+
+def test_pairing_check_finds_other_batches_and_eval_seeds(tmp_path):
+    runs = [_run(tmp_path, v, s) for v in ("a", "b") for s in (0, 1)]
+    assert pairing_check(runs) == []
+    (tmp_path / "x").mkdir()
+    bad = [_run(tmp_path / "x", "a", 0), _run(tmp_path / "x", "b", 0, batches={1: ["t1", "t2"], 2: ["t9", "t4"]}),
+           _run(tmp_path / "x", "a", 1), _run(tmp_path / "x", "b", 1, eval_seed=7)]  # fmt: skip
+    problems = pairing_check(bad)
+    assert problems == [
+        "seed 0: b trained on other tasks than a at steps 2",
+        "seed 1: b evaluated with seed 7, a with 1",
+    ]
+
+
+def test_report_table_intervals_marked_difference_and_plots(tmp_path):
+    runs = [_run(tmp_path, v, s) for v in ("a", "b") for s in (0, 1, 2)]
+    bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "variants": {"a": {}, "b": {}}})
+    md, files = write_report(bench, runs, None)
+    # a: mean 0.3, half 0.248414; b: 0.35, std 0.095394, half 0.236973; b - a: 0.05 [0.025159, 0.074841], marked
+    assert "| a | grpo | 3 | 0.300 [0.052, 0.548] | — |" in md
+    assert "| b | arpo | 3 | 0.350 [0.113, 0.587] | +0.050 [0.025, 0.075] * |" in md
+    assert "4.0 ± 0.0 (0.50x)" in md  # the tree's tool calls per group against the first variant's 8
+    assert "| a | 0.300 [0.052, 0.548] | 0.150 [0.026, 0.274] | 0.300 [0.052, 0.548] | 0.400 [0.152, 0.648] |" in md
+    assert "Paired: for each seed every variant trained on the same task batches (2 steps" in md
+    rows = list(csv.DictReader(files["csv"].open()))
+    assert float(rows[1]["diff_vs_first_ci_low"]) == pytest.approx(0.025159, abs=1e-5)
+    assert rows[1]["diff_vs_first_excludes_0"] == "1"
+    assert float(rows[0]["wall_s_mean"]) == pytest.approx(90.0)  # training 60 + probe 30
+    from matplotlib.image import imread
+
+    for name in ("heldout_accuracy", "reward_curves", "tool_calls", "entropy_after_tool"):
+        png = files[name]
+        assert png.exists() and png.stat().st_size > 10_000
+        img = imread(png)
+        assert img.shape[0] > 100 and img.std() > 0.05  # lines, labels and axes, not a blank canvas
+        # the two variants' colors (tab10 blue and orange) are drawn
+        rgb = img[..., :3]
+        for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):
+            assert (abs(rgb - color).sum(-1) < 0.1).sum() > 50, (name, color)
