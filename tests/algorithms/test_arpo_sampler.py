@@ -144,7 +144,7 @@ def assert_tree(group: Group, cfg: ARPOConfig) -> None:
 
 
 def test_high_entropy_after_tools_spends_the_branch_budget_and_never_more_than_m(tok):
-    cfg = ARPOConfig(group_size=16, initial_rollouts=8, beam_size=2)
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8, forks_per_branch=2)
     policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
@@ -175,7 +175,7 @@ def test_low_entropy_never_branches_and_fills_with_fresh_samples(tok):
 
 
 def test_partial_budget_gives_a_branch_point_only_the_slots_left(tok):
-    cfg = ARPOConfig(group_size=5, initial_rollouts=2, beam_size=2)  # 3 slots: 2 + 1
+    cfg = ARPOConfig(group_size=5, initial_rollouts=2, forks_per_branch=2)  # 3 slots: 2 + 1
     policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
@@ -190,7 +190,7 @@ def test_branches_that_end_early_leave_the_rest_to_fills(tok):
             return f"<search>q {seed % 89}</search>"
         return f"<answer>\\boxed{{{seed % 7}}}</answer>"
 
-    cfg = ARPOConfig(group_size=8, initial_rollouts=2, beam_size=1)
+    cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=1)
     policy = TreePolicy(tok, one_search, entropy(first=1.0, after_tool=3.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
@@ -255,7 +255,7 @@ def test_a_branch_forks_the_env_state_at_the_node(tok):
         calls = node_text.count("</result>")
         return "<python>tick</python>" if calls < 2 else "<answer>\\boxed{2}</answer>"
 
-    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, forks_per_branch=2)
     group = run(TreeSampler(cfg), TreePolicy(tok, count_twice, entropy(1.0, 2.0)), env_factory(tok, tools))
     assert_tree(group, cfg)
     texts = [tok.decode(t.token_ids) for t in group.trajectories]
@@ -277,7 +277,7 @@ def test_branches_generate_while_another_path_waits_for_its_tool(tok):
         return [EchoTool("search"), SleepTool("sleep", slow)]
 
     policy = TreePolicy(tok, turns, entropy(1.0, 2.0))
-    cfg = ARPOConfig(group_size=6, initial_rollouts=4, beam_size=2)
+    cfg = ARPOConfig(group_size=6, initial_rollouts=4, forks_per_branch=2)
     t0 = time.monotonic()
     group = run(TreeSampler(cfg), policy, env_factory(tok, tools), seed=3)
     assert_tree(group, cfg)
@@ -405,7 +405,7 @@ def test_a_branch_keeps_the_live_python_session_of_its_parent_and_diverges_after
     from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool
 
     proto = PythonTool(PythonSandboxConfig(mode="session", pool_size=1))
-    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, forks_per_branch=2)
     policy = TreePolicy(tok, python_session_turns, entropy(first=1.0, after_tool=2.0))
     try:
         group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=1)

@@ -44,7 +44,7 @@ def runtime(tiny_model_path):
 
 def test_tiny_model_tree_and_token_accounting_against_grpo(runtime):
     params = SamplingParams(max_tokens=64, temperature=1.0)
-    cfg = ARPOConfig(group_size=16, initial_rollouts=8, beam_size=2, entropy_window=20)
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8, forks_per_branch=2, entropy_window=20)
     tasks = runtime.tasks.train[:1]
 
     async def both(task, seed):

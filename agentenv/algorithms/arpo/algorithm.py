@@ -2,27 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
-from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
-from agentenv.algorithms.base import LossNorm, TrainBatch, group_generated_tokens
+from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
+from agentenv.algorithms.base import LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss, trajectory_advantages
 from agentenv.rollout.engine import RolloutConfig
-from agentenv.types import Group
+from agentenv.types import Group, Trajectory
 
 
 def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:
-    """Per trajectory, a (len,) tensor: GRPO's group advantage (soft), or its mean over shared tokens (hard)."""
+    """Per trajectory, a (len,) tensor: GRPO's group advantage (soft), or its mean over shared tokens (hard, hard_once)."""
     scalars = trajectory_advantages(group, cfg.normalize_std)  # over all M trajectories of the tree
     trajs = group.trajectories
     if cfg.advantage == "soft":
         return [broadcast(t, a) for t, a in zip(trajs, scalars)]
     parents, branch = tree_indices(trajs)
     return shared_token_mean(scalars, [len(t) for t in trajs], parents, branch, valid=[not t.failed for t in trajs])
+
+
+def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`advantage: hard_once`: drop the copies of shared tokens from the loss, in place.
+
+    Row i of `batch` is `trajectories[i]`; a tree's rows are found by uid (the
+    batch may hold several trees). Each shared token stays in its carrier's row
+    (`tree.counted_once`), which holds the mean advantage already.
+
+    Returns:
+        `arpo/once_dropped`: the fraction of the batch's policy tokens dropped.
+    """
+    parents, branch = tree_indices(trajectories)
+    keep = counted_once([len(t) for t in trajectories], parents, branch, valid=[not t.failed for t in trajectories])
+    before = float(batch.loss_mask.sum())
+    for i, k in enumerate(keep):
+        n = k.shape[0]
+        if n > 1:
+            cols = k[1:].to(batch.loss_mask.dtype)  # (n-1,): column c is token c + 1
+            batch.loss_mask[i, : n - 1] *= cols
+            batch.advantages[i, : n - 1] *= cols
+    return {"arpo/once_dropped": 1.0 - float(batch.loss_mask.sum()) / before if before else 0.0}
 
 
 class ARPO:
@@ -47,6 +70,13 @@ class ARPO:
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         return arpo_advantages(group, self.cfg)
+
+    def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
+        """Batch-level steps (see `Algorithm`): for `hard_once`, each shared token counted once."""
+        metrics: dict[str, float] = {}
+        if self.cfg.advantage == "hard_once":  # first, so later batch-level steps see each token once
+            metrics.update(count_shared_once(batch, trajectories))
+        return metrics
 
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
