@@ -33,7 +33,7 @@ def test_defaults_are_the_papers():
     c = ARPOConfig()
     assert (c.group_size, c.initial_rollouts, c.forks_per_branch) == (16, 8, 2)
     assert (c.alpha, c.beta, c.tau, c.entropy_window) == (0.5, 0.2, 0.5, 20)
-    assert (c.branch_rule, c.advantage, c.kl_coef) == ("threshold", "soft", 0.0)
+    assert (c.branch_rule, c.advantage, c.kl_coef, c.fork_decision) == ("threshold", "soft", 0.0, "per_point")
     assert c.branch_budget == 8
     assert isinstance(c, GRPOConfig)  # the loss fields are GRPO's
 
@@ -41,7 +41,6 @@ def test_defaults_are_the_papers():
 @pytest.mark.parametrize(
     "kwargs, key, numbers",
     [
-        ({"group_size": 16, "initial_rollouts": 16}, "algorithm.group_size", ["M 16", "N 16"]),
         ({"group_size": 8, "initial_rollouts": 12}, "algorithm.group_size", ["M 8", "N 12"]),
         ({"initial_rollouts": 0}, "algorithm.initial_rollouts", ["0"]),
         ({"forks_per_branch": 0}, "algorithm.forks_per_branch", ["0"]),
