@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,7 @@ import numpy as np
 
 from agentenv.algorithms.arpo import ARPOConfig, TreeSampler
 from agentenv.algorithms.arpo.branching import entropy_scale, fork_count, should_branch, window_entropy
-from agentenv.algorithms.arpo.sampler import _BRANCH, _DECIDE, _cut_at_spanning_stop
+from agentenv.algorithms.arpo.sampler import _BRANCH, _cut_at_spanning_stop, fork_draws
 from agentenv.algorithms.grpo import IndependentSampler
 from agentenv.envs.agent_env import AgentEnv
 from agentenv.policies.scripted import ScriptedPolicy
@@ -268,10 +267,8 @@ async def rounds_arpo(cfg: ARPOConfig, policy: Any, make_env: Any, tasks: list, 
             if not probe.token_ids:
                 continue
             h_t = window_entropy(probe.entropies, cfg.entropy_window)
-            z = cfg.forks_per_branch
-            keys = [()] if cfg.fork_decision == "per_point" else [(c,) for c in range(z)]
-            draws = [random.Random(derive_seed(p.episode.seed, _DECIDE, p.tool_results, *k)).random() for k in keys]
-            wanted = fork_count(z, cfg.fork_decision, draws, lambda u, p=p, h_t=h_t: should_branch(
+            draws = fork_draws(cfg, p.episode.seed, p.tool_results)
+            wanted = fork_count(cfg.forks_per_branch, cfg.fork_decision, draws, lambda u, p=p, h_t=h_t: should_branch(
                 h_t, p.h_initial, alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau, rule=cfg.branch_rule, u=u, scale=scale))
             n = min(wanted, tree.slots)
             tree.slots -= n

@@ -208,10 +208,8 @@ class _Tree:
         if not probe.token_ids:
             return probe
         h_t = window_entropy(probe.entropies, self.cfg.entropy_window)
-        cfg, z = self.cfg, self.cfg.forks_per_branch
-        # one draw per point, or one per fork (fork c's own stream)
-        keys = [()] if cfg.fork_decision == "per_point" else [(c,) for c in range(z)]
-        draws = [random.Random(derive_seed(ep.seed, _DECIDE, path.tool_results, *k)).random() for k in keys]
+        cfg = self.cfg
+        draws = fork_draws(cfg, ep.seed, path.tool_results)
 
         def branch(u: float) -> bool:
             return should_branch(
@@ -225,7 +223,7 @@ class _Tree:
                 scale=self.scale(),
             )
 
-        wanted = fork_count(z, cfg.fork_decision, draws, branch)
+        wanted = fork_count(cfg.forks_per_branch, cfg.fork_decision, draws, branch)
         n = self._reserve(wanted)
         record = {
             "path": path.label,
@@ -266,6 +264,12 @@ class _Tree:
         if self._scale is None:
             self._scale = entropy_scale(self.cfg.entropy_norm, len(self.policy.tokenizer))
         return self._scale
+
+
+def fork_draws(cfg: ARPOConfig, seed: int, tool_result: int) -> list[float]:
+    """The uniform draws of a path's branch point: one per point, or one per fork (fork c's own stream)."""
+    keys = [()] if cfg.fork_decision == "per_point" else [(c,) for c in range(cfg.forks_per_branch)]
+    return [random.Random(derive_seed(seed, _DECIDE, tool_result, *k)).random() for k in keys]
 
 
 def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...], tokenizer: Any) -> Generation:
