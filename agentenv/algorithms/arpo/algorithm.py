@@ -36,6 +36,8 @@ def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory]) -> 
     Returns:
         `arpo/once_dropped`: the fraction of the batch's policy tokens dropped.
     """
+    if len(trajectories) != len(batch):
+        raise ValueError(f"{len(batch)} batch rows but {len(trajectories)} trajectories")
     parents, branch = tree_indices(trajectories)
     keep = counted_once([len(t) for t in trajectories], parents, branch, valid=[not t.failed for t in trajectories])
     before = float(batch.loss_mask.sum())

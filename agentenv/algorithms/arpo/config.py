@@ -79,7 +79,9 @@ class ARPOConfig(GRPOConfig):
             since a shared token still appears in each of its d rows, and d
             times the mean of d advantages is the sum of the soft ones. Only
             `hard_once` changes the update: the token counts once, with the
-            mean advantage, and the loss's token count shrinks accordingly.
+            mean advantage, and the loss's token count shrinks accordingly
+            (under `seq_mean_token_mean`, a branch's row averages over its own
+            tokens only).
         entropy_norm: How ΔH_t = H_t - H_initial is normalized (the paper
             normalizes ΔH_t without fixing a scale that carries over between
             vocabularies). `log_vocab` divides by ln|V|, the largest possible
