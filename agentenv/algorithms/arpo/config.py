@@ -39,7 +39,7 @@ class ARPOConfig(GRPOConfig):
             GRPO's `IndependentSampler` with `group_size` M.
         forks_per_branch: Z, NEW paths forked at one branch point, besides the
             path that continues, so a branch point has Z + 1 paths after it (the
-            paper's `Branch(Z)`, "Z = 2" in its config comment). At the end of
+            paper's `Branch(Z)`; default 2). At the end of
             the budget a branch point gets only the slots that are left. (The
             published code's `beam_size` B counts the continuing path too: B - 1
             forks. Its `beam_size: 2` is `forks_per_branch: 1` with
@@ -75,9 +75,11 @@ class ARPOConfig(GRPOConfig):
             `hard_once` (as `hard`, and each shared token is counted once in
             the loss: the copies in the branches' rows leave the loss mask).
             Measured finding: with the default `token_mean` loss, `hard` gives
-            the same gradient as `soft` on-policy (max |difference| 1.5e-9),
-            since a shared token still appears in each of its d rows, and d
-            times the mean of d advantages is the sum of the soft ones. Only
+            the same gradient as `soft` on-policy (max |difference| 1.5e-8,
+            float rounding; `tests/algorithms/test_arpo_variants.py`), since a
+            shared token still appears in each of its d rows, and d times the
+            mean of d advantages is the sum of the soft ones (under
+            `seq_mean_token_mean` they differ only through the rows' lengths). Only
             `hard_once` changes the update: the token counts once, with the
             mean advantage, and the loss's token count shrinks accordingly
             (under `seq_mean_token_mean`, a branch's row averages over its own
