@@ -521,7 +521,7 @@ def test_a_branch_keeps_the_live_python_session_of_its_parent_and_diverges_after
     cfg = ARPOConfig(group_size=3, initial_rollouts=1, forks_per_branch=2)
     policy = TreePolicy(tok, python_session_turns, entropy(first=1.0, after_tool=2.0))
     try:
-        group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=1)
+        group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=2)
     finally:
         asyncio.run(proto.aclose())
     assert_tree(group, cfg)
