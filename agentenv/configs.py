@@ -6,7 +6,7 @@ settings built as the backend's class), `env` (`agentenv.envs.config.AgentEnvCon
 `rollout` (`agentenv.rollout.RolloutConfig`), `algorithm` (the plugin's class),
 `trainer`, `logging`. A default lives in one place. Every error names the dotted
 key and the bad value. Overrides use dotted keys:
-`agentenv train configs/toy_arpo.yaml algorithm.beam_size=3`.
+`agentenv train configs/toy_arpo.yaml algorithm.forks_per_branch=3`.
 Configs are never mutated after parsing.
 """
 

@@ -7,7 +7,7 @@ the dataclass; every error is a `ConfigError` naming the dotted key and the bad
 value, including the errors a class's `__post_init__` raises about its own fields.
 
 A field marked `rest_field()` collects the keys the class does not declare: a
-section that selects a part by name (`algorithm: {name: arpo, beam_size: 3}`)
+section that selects a part by name (`algorithm: {name: arpo, forks_per_branch: 3}`)
 keeps the part's own options there, and the part's config class checks them.
 """
 
@@ -135,7 +135,8 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
         prefix: The dotted key of `data` in the config the user wrote (`""` at the top).
 
     Raises:
-        ConfigError: An unknown key (with the closest known one), a value of the
+        ConfigError: An unknown key (with the closest known one, or for a key
+            in the class's `renamed_keys` mapping, what it became), a value of the
             wrong type, or what `cls` itself rejects, named by its dotted key.
     """
     if isinstance(data, cls):
@@ -147,6 +148,7 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     rest = _rest_name(cls)
+    renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():
@@ -155,6 +157,8 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
             if rest is not None:
                 extra[key] = value
                 continue
+            if key in renamed:
+                raise ConfigError(full, f"was renamed (value {value!r}): {full} {renamed[key]}")
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(full, f"unknown key (value {value!r}){hint} Known keys: {', '.join(names)}")

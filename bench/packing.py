@@ -15,7 +15,7 @@ timing is the median of `--repeats`, unpacked and packed alternating.
 
 Workloads (the tiny model, the toy config's tasks and tools):
 - toy_arpo: configs/toy_arpo.yaml (M = 8, N = 4, Z = 2, k = 10);
-- paper_arpo: ARPO at the paper's M = 16, N = 8, Z = 2, k = 20 (one tree per micro-batch of 16);
+- paper_arpo: ARPO at the paper's M = 16, N = 8, k = 20, with toy_arpo's Z = 2 (one tree per micro-batch of 16);
 - toy_grpo: configs/toy_grpo.yaml (G = 8), for comparison.
 """
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +51,8 @@ from typing import Any
 import numpy as np
 
 from agentenv.algorithms.arpo import ARPOConfig, TreeSampler
-from agentenv.algorithms.arpo.branching import should_branch, window_entropy, entropy_scale
-from agentenv.algorithms.arpo.sampler import _BRANCH, _DECIDE, _FILL, _INITIAL, _cut_at_spanning_stop
+from agentenv.algorithms.arpo.branching import entropy_scale, fork_count, should_branch, window_entropy
+from agentenv.algorithms.arpo.sampler import _BRANCH, _cut_at_spanning_stop, fork_draws
 from agentenv.algorithms.grpo import IndependentSampler
 from agentenv.envs.agent_env import AgentEnv
 from agentenv.policies.scripted import ScriptedPolicy
@@ -258,7 +257,7 @@ async def rounds_arpo(cfg: ARPOConfig, policy: Any, make_env: Any, tasks: list, 
 
     for tree in trees:
         for i in range(cfg.initial_rollouts):
-            root(tree, derive_seed(tree.seed, _INITIAL, i))
+            root(tree, derive_seed(tree.seed, i))  # the sampler's root seeds (GRPO's)
     while any(tree.paths for tree in trees):
         # 1. probes: k tokens after each fresh tool result, while the tree has slots
         probing = [(tree, p) for tree in trees for p in tree.paths if p.fresh and tree.slots > 0 and p.h_initial is not None]
@@ -268,14 +267,14 @@ async def rounds_arpo(cfg: ARPOConfig, policy: Any, make_env: Any, tasks: list, 
             if not probe.token_ids:
                 continue
             h_t = window_entropy(probe.entropies, cfg.entropy_window)
-            u = random.Random(derive_seed(p.episode.seed, _DECIDE, p.tool_results)).random()
-            if should_branch(h_t, p.h_initial, alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau, rule=cfg.branch_rule,
-                             u=u, scale=scale):  # fmt: skip
-                n = min(cfg.beam_size, tree.slots)
-                tree.slots -= n
-                for c in range(n):
-                    child = p.episode.fork(derive_seed(p.episode.seed, _BRANCH, p.tool_results, c))
-                    tree.paths.append(_RPath(child, h_initial=p.h_initial))
+            draws = fork_draws(cfg, p.episode.seed, p.tool_results)
+            wanted = fork_count(cfg.forks_per_branch, cfg.fork_decision, draws, lambda u, p=p, h_t=h_t: should_branch(
+                h_t, p.h_initial, alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau, rule=cfg.branch_rule, u=u, scale=scale))
+            n = min(wanted, tree.slots)
+            tree.slots -= n
+            for c in range(n):
+                child = p.episode.fork(derive_seed(p.episode.seed, _BRANCH, p.tool_results, c))
+                tree.paths.append(_RPath(child, h_initial=p.h_initial))
         # 2. every path's turn (a probed path continues its partial turn)
         active = [p for tree in trees for p in tree.paths]
         turns = await asyncio.gather(*(p.episode.generate(prefix=p.partial) for p in active))
@@ -289,7 +288,7 @@ async def rounds_arpo(cfg: ARPOConfig, policy: Any, make_env: Any, tasks: list, 
         steps = await asyncio.gather(*(p.episode.step(p.partial) for p in active))
         for p, step in zip(active, steps):
             p.partial = None
-            p.fresh = not step.done and bool(step.observation)
+            p.fresh = not step.done and bool(step.info.get("tool_result"))  # a tool's result, not the env's message
             p.tool_results += p.fresh
         for tree in trees:
             tree.done += [p for p in tree.paths if p.episode.done]
@@ -298,7 +297,7 @@ async def rounds_arpo(cfg: ARPOConfig, policy: Any, make_env: Any, tasks: list, 
                 tree.filled = True
                 tree.slots = 0
                 for j in range(cfg.group_size - len(tree.done)):
-                    root(tree, derive_seed(tree.seed, _FILL, j))
+                    root(tree, derive_seed(tree.seed, cfg.initial_rollouts + j))
     groups = []
     for tree in trees:
         groups.append(Group(task=tree.task, trajectories=[p.episode.trajectory() for p in tree.done]))
@@ -365,7 +364,7 @@ def algo_cfg(algo: str, group: int, window: int) -> Any:
     if algo == "grpo":
         return group
     # α = 0.6 > τ: with the scripted policy's zero entropies every probe branches while slots remain
-    return ARPOConfig(group_size=group, initial_rollouts=group // 2, beam_size=2, entropy_window=window,
+    return ARPOConfig(group_size=group, initial_rollouts=group // 2, forks_per_branch=2, entropy_window=window,
                       alpha=0.6, beta=0.2, tau=0.5)  # fmt: skip
 
 

@@ -240,8 +240,12 @@ class AgentEnv(gymnasium.Env):
             (observation, reward, terminated, truncated, info): the observation
             is the tool result's token ids (empty when the episode ended without
             one); the reward is non-zero only when the episode ends; `info` has
-            `turn`, and `tool`, `tool_ok`, `result_truncated` after a call, and
-            `finish_reason`, `reward`, `tool_calls` at the end.
+            `turn`, and `tool`, `tool_ok`, `tool_result`, `result_truncated`
+            after a call, and `finish_reason`, `reward`, `tool_calls` at the end.
+            `tool_result` is True when the observation is a tool's output (an
+            error the tool reported included) and False when it is the env's
+            own message (a malformed call's error, the tool-call limit): a
+            tree sampler branches only after real tool results.
 
         Raises:
             gymnasium.error.ResetNeeded: Before `reset` or after the episode ended.
@@ -293,7 +297,7 @@ class AgentEnv(gymnasium.Env):
         """The text the model reads for a call or malformed call; None ends the episode."""
         if parsed.kind == "malformed":
             self._count("invalid")
-            info.update(tool="invalid", tool_ok=False)
+            info.update(tool="invalid", tool_ok=False, tool_result=False)
             return f"Error: {parsed.error}"
         assert parsed.tool is not None and parsed.query is not None
         used = sum(v for k, v in self._tool_calls.items() if k != "invalid")
@@ -302,7 +306,7 @@ class AgentEnv(gymnasium.Env):
             if self._limit_warned:
                 return None
             self._limit_warned = True
-            info.update(tool="invalid", tool_ok=False)
+            info.update(tool="invalid", tool_ok=False, tool_result=False)
             return (
                 f"Tool-call limit reached: {used} of {self.config.max_tool_calls} calls used. "
                 "Do not call tools anymore; give your final answer now in <answer>...</answer>."
@@ -311,7 +315,7 @@ class AgentEnv(gymnasium.Env):
         self._count(parsed.tool)
         self._tool_time_s += elapsed
         self._tool_time_by_name[parsed.tool] = self._tool_time_by_name.get(parsed.tool, 0.0) + elapsed
-        info.update(tool=parsed.tool, tool_ok=result.ok)
+        info.update(tool=parsed.tool, tool_ok=result.ok, tool_result=True)
         return result_text(result)
 
     async def _finish(

@@ -126,7 +126,8 @@ class ToolEnv(gymnasium.Env):
 
         Returns:
             (result token ids, 0.0, False, truncated, info with `ok`, `error`,
-            `calls`, `result_truncated`).
+            `calls`, `result_truncated`, and `tool_result` True: every
+            observation is the tool's output, as in `AgentEnv`).
         """
         if not self._started or self._episode_tool is None:
             raise ResetNeeded(f"{type(self).__name__}.step was called before reset(); call env.reset() first")
@@ -141,7 +142,7 @@ class ToolEnv(gymnasium.Env):
         self._tool_time_s += elapsed
         obs, cut = self._formatter.encode(result_text(result), self.config.max_result_tokens)
         truncated = self._calls >= self.config.max_calls
-        info = {"ok": result.ok, "error": result.error, "calls": self._calls, "result_truncated": cut}
+        info = {"ok": result.ok, "error": result.error, "calls": self._calls, "result_truncated": cut, "tool_result": True}
         return as_token_array(obs), 0.0, False, truncated, info
 
     def fork(self) -> "ToolEnv":

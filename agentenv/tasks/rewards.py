@@ -27,7 +27,11 @@ ARPO (arXiv 2507.19849) scores a rollout in three tiers:
   tags, a `<result>` tag the policy wrote itself, no `<answer>...</answer>`, or no
   `\\boxed{}` inside the answer;
 - otherwise correctness: token-level F1 for QA, exact or symbolic equality for math;
-- +0.1 when the answer is correct and the rollout used both search and python.
+- +0.1 (r_M) when the score is above 0 and the rollout used both search and
+  python: the paper's max(Acc + r_M, Acc) for a right format and Acc > 0, so a
+  partly right QA answer (F1 > 0) earns it too, as in the published code.
+  (agentenv gave it only on an exact match before: 0.667 where the paper and
+  its code give 0.767 for an F1 of 2/3 with both tools.)
 
 The response scored is what the policy wrote, never the tools' results: a tool
 that prints `<answer>\\boxed{42}</answer>` earns nothing, and a result holding
@@ -54,7 +58,7 @@ FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "answer")
 RESULT_TAG = "result"
 """Results are the env's: a policy that writes this tag forges one, which is a format error."""
 MULTI_TOOL_BONUS = 0.1
-"""Added to a correct answer when both search and python were called (ARPO's multi-tool reward)."""
+"""r_M: added to a score above 0 when both search and python were called (ARPO's multi-tool reward)."""
 _YES_NO = ("yes", "no", "noanswer")
 
 
@@ -198,7 +202,7 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
         score = max(f1_score(text, r) for r in refs)
         correct = any(exact_match(text, r) for r in refs)
         verdict = "exact match" if correct else f"F1 {score:.2f} against {refs[0]!r}"
-    if correct and tool_calls.get("search", 0) > 0 and tool_calls.get("python", 0) > 0:
+    if score > 0 and tool_calls.get("search", 0) > 0 and tool_calls.get("python", 0) > 0:  # the paper: Acc > 0
         score += MULTI_TOOL_BONUS
         verdict += ", both tools used"
     return RewardResult(score, correct, True, answer, verdict)

@@ -26,8 +26,9 @@ def test_paper_config_has_the_papers_settings():
     cfg = load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml")
     a = cfg.algorithm_config
     assert isinstance(a, ARPOConfig)
-    assert (a.group_size, a.initial_rollouts, a.beam_size, a.alpha, a.beta, a.tau, a.entropy_window) == (
-        16, 8, 2, 0.5, 0.2, 0.5, 20,
+    # Z = 1: the published run's beam_size 2 counts the path that continues
+    assert (a.group_size, a.initial_rollouts, a.forks_per_branch, a.alpha, a.beta, a.tau, a.entropy_window) == (
+        16, 8, 1, 0.5, 0.2, 0.5, 20,
     )  # fmt: skip
     assert a.kl_coef == 0.0 and a.advantage == "soft"
     assert cfg.env.max_tool_calls == 5
@@ -52,8 +53,9 @@ def test_toy_config_loads():
 
 
 def test_overrides_reach_the_arpo_section():
-    cfg = load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.beam_size=3", "algorithm.advantage=hard"])
-    assert cfg.algorithm_config.beam_size == 3 and cfg.algorithm_config.advantage == "hard"
-    with pytest.raises(ConfigError, match="M 16 must exceed initial_rollouts N 16"):
-        load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.initial_rollouts=16"])
+    cfg = load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.forks_per_branch=3", "algorithm.advantage=hard"])
+    assert cfg.algorithm_config.forks_per_branch == 3 and cfg.algorithm_config.advantage == "hard"
+    with pytest.raises(ConfigError, match="M 16 must be >= initial_rollouts N 17"):
+        load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.initial_rollouts=17"])
+    assert load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.initial_rollouts=16"]).algorithm_config.branch_budget == 0
     assert dataclasses.is_dataclass(cfg.algorithm_config)

@@ -8,6 +8,7 @@ engine are the real ones.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
@@ -90,9 +91,12 @@ class TreePolicy:
         pass
 
 
+TOK = build_test_tokenizer()
+
+
 @pytest.fixture(scope="module")
 def tok():
-    return build_test_tokenizer()
+    return TOK
 
 
 def env_factory(tok, tools_fn=lambda: [EchoTool("search")], **cfg) -> Callable[[], AgentEnv]:
@@ -144,7 +148,7 @@ def assert_tree(group: Group, cfg: ARPOConfig) -> None:
 
 
 def test_high_entropy_after_tools_spends_the_branch_budget_and_never_more_than_m(tok):
-    cfg = ARPOConfig(group_size=16, initial_rollouts=8, beam_size=2)
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8, forks_per_branch=2)
     policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
@@ -175,7 +179,7 @@ def test_low_entropy_never_branches_and_fills_with_fresh_samples(tok):
 
 
 def test_partial_budget_gives_a_branch_point_only_the_slots_left(tok):
-    cfg = ARPOConfig(group_size=5, initial_rollouts=2, beam_size=2)  # 3 slots: 2 + 1
+    cfg = ARPOConfig(group_size=5, initial_rollouts=2, forks_per_branch=2)  # 3 slots: 2 + 1
     policy = TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
@@ -190,13 +194,122 @@ def test_branches_that_end_early_leave_the_rest_to_fills(tok):
             return f"<search>q {seed % 89}</search>"
         return f"<answer>\\boxed{{{seed % 7}}}</answer>"
 
-    cfg = ARPOConfig(group_size=8, initial_rollouts=2, beam_size=1)
+    cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=1)
     policy = TreePolicy(tok, one_search, entropy(first=1.0, after_tool=3.0))
     group = run(TreeSampler(cfg), policy, env_factory(tok))
     assert_tree(group, cfg)
     roles = [t.info["arpo"]["role"] for t in group.trajectories]
     # branches do not call tools again, so they never branch: 2 branches, 4 fills
     assert roles.count("branch") == 2 and roles.count("fill") == 4
+
+
+# --------------------------------------------------------------------------- branch points: real tool results only
+
+
+def _result_before(group: Group, d: dict) -> str:
+    """The text of the result block that ends right before a probe's node."""
+    traj = next(t for t in group.trajectories if t.info["arpo"]["path"] == d["path"])
+    text = TOK.decode(traj.token_ids[: d["token"]])
+    return text[text.rindex("<result>") :]
+
+
+def test_no_probe_or_branch_at_the_tool_call_limit_message(tok):
+    """max_tool_calls=1: search, search again (the env answers "Tool-call limit reached"), answer.
+
+    Only the first result is a tool's: each path probes once there. On the old code every path
+    probed at the limit message too (where the only move left is to answer) and branched there.
+    """
+
+    def search_twice(node_text: str, seed: int) -> str:
+        if node_text.count("</result>") < 2:
+            return f"<search>q{node_text.count('</result>')} {seed % 97}</search>"
+        return f"<answer>\\boxed{{{seed % 3 + 41}}}</answer>"
+
+    cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=1)
+    policy = TreePolicy(tok, search_twice, entropy(first=1.0, after_tool=2.0))  # every probe says branch
+    group = run(TreeSampler(cfg), policy, env_factory(tok, max_tool_calls=1))
+    assert_tree(group, cfg)
+    texts = [tok.decode(t.token_ids) for t in group.trajectories]
+    assert all("Tool-call limit reached" in x for x in texts)  # every path did hit the limit
+    decisions = group.info["decisions"]
+    assert len(decisions) == 2 and all(d["tool_result"] == 1 for d in decisions)  # one per initial path
+    for d in decisions:
+        assert "echo: q0" in _result_before(group, d)
+    # 2 branches (from the real results), which reach only the limit message: no more probes; 4 fills
+    roles = [t.info["arpo"]["role"] for t in group.trajectories]
+    assert roles.count("branch") == 2 and roles.count("fill") == 4
+    for t in group.trajectories:
+        if t.parent_uid is not None:
+            assert "limit" not in tok.decode(t.token_ids[: t.branch_token])
+
+
+def test_no_probe_at_a_malformed_calls_error(tok):
+    """An empty <search></search> gets the env's error; only the real search after it is a branch point."""
+
+    def malformed_then_search(node_text: str, seed: int) -> str:
+        n = node_text.count("</result>")
+        if n == 0:
+            return f"<think>s{seed % 89}</think><search></search>"
+        if n == 1:
+            return f"<search>q {seed % 97}</search>"
+        return f"<answer>\\boxed{{{seed % 3}}}</answer>"
+
+    cfg = ARPOConfig(group_size=6, initial_rollouts=2, forks_per_branch=1)
+    group = run(TreeSampler(cfg), TreePolicy(tok, malformed_then_search, entropy(1.0, 2.0)), env_factory(tok))
+    assert_tree(group, cfg)
+    assert all("Empty query" in tok.decode(t.token_ids) for t in group.trajectories)
+    decisions = group.info["decisions"]
+    assert len(decisions) == 2
+    for d in decisions:
+        before = _result_before(group, d)
+        assert "echo: q" in before and "Empty query" not in before
+    assert [t.tool_calls.get("invalid") for t in group.trajectories] == [1] * 6
+
+
+def test_env_step_info_says_which_observations_are_tool_results(tok):
+    env = env_factory(tok, max_tool_calls=1)()
+    env.reset(options={"task": make_task()})
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    infos = [env.step(enc(turn))[4] for turn in ("<search></search>", "<search>a</search>", "<search>b</search>")]
+    assert [i["tool_result"] for i in infos] == [False, True, False]  # malformed, real, limit
+
+
+# --------------------------------------------------------------------------- N = M: GRPO's sampling
+
+
+def test_n_equal_m_samples_exactly_grpos_group(tok):
+    """No branch slots: no probe, and root i gets GRPO's episode seed, so the groups are equal token for token."""
+    cfg = ARPOConfig(group_size=6, initial_rollouts=6)
+    for seed in (0, 5):
+        p_tree, p_grpo = (TreePolicy(tok, two_searches, entropy(1.0, 2.0)) for _ in range(2))
+        tree = run(TreeSampler(cfg), p_tree, env_factory(tok), seed=seed)
+        grpo = run(IndependentSampler(6), p_grpo, env_factory(tok), seed=seed)
+        assert [t.token_ids for t in tree] == [t.token_ids for t in grpo]
+        assert [t.logprobs for t in tree] == [t.logprobs for t in grpo]
+        assert [t.reward for t in tree] == [t.reward for t in grpo]
+        assert [t.info["seed"] for t in tree] == [t.info["seed"] for t in grpo]
+        assert tree.info["decisions"] == [] and tree.info["branches"] == 0
+        assert p_tree.generated == p_grpo.generated
+
+
+# --------------------------------------------------------------------------- fork decisions
+
+
+def test_per_fork_decisions_draw_a_coin_per_fork(tok):
+    """The published code's reading: each of the Z forks flips its own coin, so a point gets 0..Z forks."""
+    cfg = ARPOConfig(
+        group_size=40, initial_rollouts=8, forks_per_branch=2, branch_rule="stochastic", fork_decision="per_fork",
+        entropy_norm="none",
+    )  # fmt: skip
+    policy = TreePolicy(tok, two_searches, entropy(1.0, 1.0))  # ΔH = 0: each coin branches with probability τ
+    group = run(TreeSampler(cfg), policy, env_factory(tok), seed=3)
+    assert_tree(group, cfg)
+    wanted = [d["forks_wanted"] for d in group.info["decisions"]]
+    assert set(wanted) == {0, 1, 2}  # a single fork happens only when the coins disagree
+    assert all(d["forks"] == d["forks_wanted"] for d in group.info["decisions"])  # the budget was never short
+    # the paper's reading: one coin per point, Z forks or none
+    paper = run(TreeSampler(dataclasses.replace(cfg, fork_decision="per_point")), policy, env_factory(tok), seed=3)
+    assert {d["forks_wanted"] for d in paper.info["decisions"]} == {0, 2}
 
 
 # --------------------------------------------------------------------------- entropy
@@ -255,7 +368,7 @@ def test_a_branch_forks_the_env_state_at_the_node(tok):
         calls = node_text.count("</result>")
         return "<python>tick</python>" if calls < 2 else "<answer>\\boxed{2}</answer>"
 
-    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, forks_per_branch=2)
     group = run(TreeSampler(cfg), TreePolicy(tok, count_twice, entropy(1.0, 2.0)), env_factory(tok, tools))
     assert_tree(group, cfg)
     texts = [tok.decode(t.token_ids) for t in group.trajectories]
@@ -277,7 +390,7 @@ def test_branches_generate_while_another_path_waits_for_its_tool(tok):
         return [EchoTool("search"), SleepTool("sleep", slow)]
 
     policy = TreePolicy(tok, turns, entropy(1.0, 2.0))
-    cfg = ARPOConfig(group_size=6, initial_rollouts=4, beam_size=2)
+    cfg = ARPOConfig(group_size=6, initial_rollouts=4, forks_per_branch=2)
     t0 = time.monotonic()
     group = run(TreeSampler(cfg), policy, env_factory(tok, tools), seed=3)
     assert_tree(group, cfg)
@@ -405,10 +518,10 @@ def test_a_branch_keeps_the_live_python_session_of_its_parent_and_diverges_after
     from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool
 
     proto = PythonTool(PythonSandboxConfig(mode="session", pool_size=1))
-    cfg = ARPOConfig(group_size=3, initial_rollouts=1, beam_size=2)
+    cfg = ARPOConfig(group_size=3, initial_rollouts=1, forks_per_branch=2)
     policy = TreePolicy(tok, python_session_turns, entropy(first=1.0, after_tool=2.0))
     try:
-        group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=1)
+        group = run(TreeSampler(cfg), policy, env_factory(tok, lambda: [proto]), seed=2)
     finally:
         asyncio.run(proto.aclose())
     assert_tree(group, cfg)

@@ -31,9 +31,9 @@ from agentenv.types import Generation, Group, Segment, Trajectory
 
 def test_defaults_are_the_papers():
     c = ARPOConfig()
-    assert (c.group_size, c.initial_rollouts, c.beam_size) == (16, 8, 2)
+    assert (c.group_size, c.initial_rollouts, c.forks_per_branch) == (16, 8, 2)
     assert (c.alpha, c.beta, c.tau, c.entropy_window) == (0.5, 0.2, 0.5, 20)
-    assert (c.branch_rule, c.advantage, c.kl_coef) == ("threshold", "soft", 0.0)
+    assert (c.branch_rule, c.advantage, c.kl_coef, c.fork_decision) == ("threshold", "soft", 0.0, "per_point")
     assert c.branch_budget == 8
     assert isinstance(c, GRPOConfig)  # the loss fields are GRPO's
 
@@ -41,10 +41,9 @@ def test_defaults_are_the_papers():
 @pytest.mark.parametrize(
     "kwargs, key, numbers",
     [
-        ({"group_size": 16, "initial_rollouts": 16}, "algorithm.group_size", ["M 16", "N 16"]),
         ({"group_size": 8, "initial_rollouts": 12}, "algorithm.group_size", ["M 8", "N 12"]),
         ({"initial_rollouts": 0}, "algorithm.initial_rollouts", ["0"]),
-        ({"beam_size": 0}, "algorithm.beam_size", ["0"]),
+        ({"forks_per_branch": 0}, "algorithm.forks_per_branch", ["0"]),
         ({"entropy_window": 0}, "algorithm.entropy_window", ["0"]),
         ({"tau": 1.5}, "algorithm.tau", ["1.5"]),
         ({"alpha": -0.1}, "algorithm.alpha", ["-0.1"]),
@@ -64,8 +63,8 @@ def test_invalid_config_names_key_and_numbers(kwargs, key, numbers):
 
 
 def test_config_from_the_algorithm_section():
-    cfg = build_dataclass(get_algorithm("arpo").config_cls, {"beam_size": 3, "advantage": "hard"}, "algorithm")
-    assert cfg.beam_size == 3 and cfg.advantage == "hard"
+    cfg = build_dataclass(get_algorithm("arpo").config_cls, {"forks_per_branch": 3, "advantage": "hard"}, "algorithm")
+    assert cfg.forks_per_branch == 3 and cfg.advantage == "hard"
     with pytest.raises(ConfigError, match="beam_siz"):
         build_dataclass(ARPOConfig, {"beam_siz": 3}, "algorithm")
 

@@ -114,7 +114,7 @@ def test_arpo_tree_sampler_on_the_real_model(engine, smollm2_tokenizer, qa_tasks
 
     tok = smollm2_tokenizer
     # alpha = 1: P_t = 1 + beta * dH > tau for any normalized dH, so every tool result with a slot left branches.
-    cfg = ARPOConfig(group_size=4, initial_rollouts=2, beam_size=1, alpha=1.0, beta=0.2, tau=0.5, entropy_window=8)
+    cfg = ARPOConfig(group_size=4, initial_rollouts=2, forks_per_branch=1, alpha=1.0, beta=0.2, tau=0.5, entropy_window=8)
     task = dataclasses.replace(qa_tasks[0], messages=(*qa_tasks[0].messages, {"role": "assistant", "content": "<search>"}))
     env_cfg = {"tool_format": "tags", "max_context_tokens": 1536, "max_tool_calls": 2, "max_result_tokens": 200}
     group = asyncio.run(TreeSampler(cfg).sample(engine, lambda: AgentEnv([search], tok, config=env_cfg), task,

@@ -92,7 +92,7 @@ async def test_a_tool_raising_cancelled_error_fails_one_trajectory_not_the_group
 
 async def test_a_tool_raising_cancelled_error_in_an_arpo_tree(tok):
     tool = CancellingTool(bad=2)
-    cfg = ARPOConfig(group_size=6, initial_rollouts=2, beam_size=2)
+    cfg = ARPOConfig(group_size=6, initial_rollouts=2, forks_per_branch=2)
     sampler = TreeSampler(cfg, RolloutConfig(episode_timeout_s=30))
     group = await sampler.sample(ScriptedPolicy(tok, TURNS), factory(tok, lambda: [tool]), make_task(), PARAMS, seed=1)
     assert len(group) == 6

@@ -188,6 +188,24 @@ def test_reward_qa():
     assert r.correct and r.score == 1.0
 
 
+def test_partly_right_answer_with_both_tools_gets_the_bonus_as_in_the_paper():
+    """The paper's reward is max(Acc + r_M, Acc) for a right format and Acc > 0 (the published code's too).
+
+    By hand (SQuAD tokens): "Paris" against "Eiffel Tower Paris": precision 1, recall 1/3, F1 = 0.5;
+    with both tools 0.6. "Eiffel Tower in Paris" against "Eiffel Tower": precision 2/4, recall 1,
+    F1 = 2/3; with both tools 0.767, where agentenv gave 0.667 (bonus on exact matches only).
+    """
+    r = arpo_reward(resp("Paris"), qa("Eiffel Tower Paris"), BOTH)
+    assert not r.correct and r.score == pytest.approx(0.5 + 0.1) and "both tools" in r.reason
+    assert arpo_reward(resp("Paris"), qa("Eiffel Tower Paris"), NO_TOOLS).score == pytest.approx(0.5)
+    assert arpo_reward(resp("Paris"), qa("Eiffel Tower Paris"), {"search": 2}).score == pytest.approx(0.5)
+    r = arpo_reward(resp("Eiffel Tower in Paris"), qa("Eiffel Tower"), BOTH)
+    assert r.score == pytest.approx(2 / 3 + 0.1)  # 0.767 (0.667 before: bonus on exact matches only)
+    # no bonus at Acc = 0, and none on a format error
+    assert arpo_reward(resp("Rome"), qa("Eiffel Tower Paris"), BOTH).score == 0.0
+    assert arpo_reward("<answer>Paris</answer>", qa("Eiffel Tower Paris"), BOTH).score == -1.0
+
+
 def test_reward_math_and_bonus():
     r = arpo_reward(resp("\\frac{1}{2}"), math("0.5"), {"search": 1, "python": 0})
     assert r.correct and r.score == 1.0 and r.answer == "\\frac{1}{2}"

@@ -134,7 +134,7 @@ def test_a_real_arpo_tree_of_the_tiny_model(tiny_model_path):
     }  # fmt: skip
     rt = build_runtime(config_from_dict(run), model_path=str(tiny_model_path))
     try:
-        cfg = ARPOConfig(group_size=8, initial_rollouts=2, beam_size=2, entropy_window=10, alpha=1.0, tau=0.5)
+        cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=2, entropy_window=10, alpha=1.0, tau=0.5)
         group = asyncio.run(
             TreeSampler(cfg).sample(rt.policy, rt.make_env, rt.tasks.train[0], SamplingParams(max_tokens=48), 7)
         )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
-from agentenv.algorithms.arpo.tree import shared_token_mean, tree_indices
+from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
 from agentenv.algorithms.base import LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.estimators import Estimator, get_estimator, group_scalars
 from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss
@@ -22,13 +23,37 @@ def estimator_of(cfg: ARPOConfig) -> Estimator:
 
 
 def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:
-    """Per trajectory, a (len,) tensor: GRPO's group advantage (soft), or its mean over shared tokens (hard)."""
+    """Per trajectory, a (len,) tensor: the estimator's group advantage (soft), or its mean over shared tokens (hard, hard_once)."""
     scalars = group_scalars(group, estimator_of(cfg).scalars)  # over all M trajectories of the tree
     trajs = group.trajectories
     if cfg.advantage == "soft":
         return [broadcast(t, a) for t, a in zip(trajs, scalars)]
     parents, branch = tree_indices(trajs)
     return shared_token_mean(scalars, [len(t) for t in trajs], parents, branch, valid=[not t.failed for t in trajs])
+
+
+def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`advantage: hard_once`: drop the copies of shared tokens from the loss, in place.
+
+    Row i of `batch` is `trajectories[i]`; a tree's rows are found by uid (the
+    batch may hold several trees). Each shared token stays in its carrier's row
+    (`tree.counted_once`), which holds the mean advantage already.
+
+    Returns:
+        `arpo/once_dropped`: the fraction of the batch's policy tokens dropped.
+    """
+    if len(trajectories) != len(batch):
+        raise ValueError(f"{len(batch)} batch rows but {len(trajectories)} trajectories")
+    parents, branch = tree_indices(trajectories)
+    keep = counted_once([len(t) for t in trajectories], parents, branch, valid=[not t.failed for t in trajectories])
+    before = float(batch.loss_mask.sum())
+    for i, k in enumerate(keep):
+        n = k.shape[0]
+        if n > 1:
+            cols = k[1:].to(batch.loss_mask.dtype)  # (n-1,): column c is token c + 1
+            batch.loss_mask[i, : n - 1] *= cols
+            batch.advantages[i, : n - 1] *= cols
+    return {"arpo/once_dropped": 1.0 - float(batch.loss_mask.sum()) / before if before else 0.0}
 
 
 class ARPO:
@@ -55,9 +80,15 @@ class ARPO:
         return arpo_advantages(group, self.cfg)
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
-        """The estimator's batch step, if it has one (REINFORCE++: KL in the return, global whitening)."""
+        """Batch-level steps (see `Algorithm`): for `hard_once`, each shared token counted once; then the
+        estimator's batch step, if it has one (REINFORCE++: KL in the return, global whitening)."""
+        metrics: dict[str, float] = {}
+        if self.cfg.advantage == "hard_once":  # first, so later batch-level steps see each token once
+            metrics.update(count_shared_once(batch, trajectories))
         step = estimator_of(self.cfg).batch_step
-        return step(batch, reduce, self.cfg) if step is not None else {}
+        if step is not None:
+            metrics.update(step(batch, reduce, self.cfg))
+        return metrics
 
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from agentenv.algorithms.arpo.config import BranchRule, EntropyNorm
+from agentenv.algorithms.arpo.config import BranchRule, EntropyNorm, ForkDecision
 
 
 def window_entropy(entropies: Sequence[float], k: int) -> float:
@@ -58,3 +58,25 @@ def should_branch(
     if rule == "stochastic":
         return u - beta * delta_h <= tau
     raise ValueError(f"unknown branch rule {rule!r}; use 'threshold' or 'stochastic'")
+
+
+def fork_count(z: int, decision: ForkDecision, draws: Sequence[float], branch: Callable[[float], bool]) -> int:
+    """How many of a branch point's Z forks start (before the budget caps them).
+
+    Args:
+        z: Z, `forks_per_branch`.
+        decision: `per_point` (the paper: one decision on `draws[0]`, then Z
+            forks or none) or `per_fork` (the published code: fork c starts
+            when `branch(draws[c])`, so 0..Z forks).
+        draws: Uniform draws in [0, 1): 1 for `per_point`, Z for `per_fork`.
+        branch: The rule at this point as a function of the draw
+            (`should_branch` with the entropies bound).
+    """
+    need = 1 if decision == "per_point" else z
+    if len(draws) != need:
+        raise ValueError(f"fork_decision {decision!r} with Z={z} needs {need} draws, got {len(draws)}")
+    if decision == "per_point":
+        return z if branch(draws[0]) else 0
+    if decision == "per_fork":
+        return sum(bool(branch(u)) for u in draws)
+    raise ValueError(f"unknown fork decision {decision!r}; use 'per_point' or 'per_fork'")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agentenv.algorithms.grpo.config import GRPOConfig
 from agentenv.errors import ConfigError
 
 BranchRule = Literal["threshold", "stochastic"]
-AdvantageMode = Literal["soft", "hard"]
+AdvantageMode = Literal["soft", "hard", "hard_once"]
+ForkDecision = Literal["per_point", "per_fork"]
 EntropyNorm = Literal["log_vocab", "none"]
 
 
@@ -32,10 +33,24 @@ class ARPOConfig(GRPOConfig):
             every branch (the paper: 16). GRPO's `group_size` at the same value
             samples as many trajectories, so a benchmark compares like with like.
         initial_rollouts: N, trajectories first sampled independently; the
-            other M - N are grown by branching (the paper: 8).
-        beam_size: Z, new paths started at one branch point, besides the path
-            that continues (the paper's `Branch(Z)`: 2). At the end of the budget
-            a branch point gets only the slots that are left.
+            other M - N are grown by branching (the paper: 8). N = M samples M
+            independent trajectories and never branches (the GRPO end of the
+            paper's ablation over N): the same trajectories, seed for seed, as
+            GRPO's `IndependentSampler` with `group_size` M.
+        forks_per_branch: Z, NEW paths forked at one branch point, besides the
+            path that continues, so a branch point has Z + 1 paths after it (the
+            paper's `Branch(Z)`; default 2). At the end of
+            the budget a branch point gets only the slots that are left. (The
+            published code's `beam_size` B counts the continuing path too: B - 1
+            forks. Its `beam_size: 2` is `forks_per_branch: 1` with
+            `fork_decision: per_fork`. The old key `beam_size` is refused with
+            this mapping.)
+        fork_decision: `per_point` (the paper: one decision at the branch
+            point; when it says branch, all Z forks start) or `per_fork` (the
+            published code: every one of the Z forks draws its own decision,
+            so a branch point gets 0..Z forks). With the deterministic
+            `threshold` rule both give the same forks; they differ under the
+            `stochastic` rule, where each fork draws its own u.
         alpha: α, base branching probability in P_t = α + β·ΔH_t (the paper: 0.5).
         beta: β, weight of the entropy change in P_t (the paper: 0.2).
         tau: τ, the threshold P_t is compared with (the paper: 0.5).
@@ -54,9 +69,21 @@ class ARPOConfig(GRPOConfig):
             ARPO. No budget is lost when the rule rarely fires: unused slots are
             filled with independent trajectories.
         advantage: `soft` (the paper's default: GRPO's group advantage over all
-            M trajectories; shared prefixes get the mean through the loss) or
+            M trajectories; shared prefixes get the mean through the loss),
             `hard` (tokens shared by d trajectories get the mean of their d
-            advantages, each trajectory's own tokens its own advantage).
+            advantages, each trajectory's own tokens its own advantage) or
+            `hard_once` (as `hard`, and each shared token is counted once in
+            the loss: the copies in the branches' rows leave the loss mask).
+            Measured finding: with the default `token_mean` loss, `hard` gives
+            the same gradient as `soft` on-policy (max |difference| 1.5e-8,
+            float rounding; `tests/algorithms/test_arpo_variants.py`), since a
+            shared token still appears in each of its d rows, and d times the
+            mean of d advantages is the sum of the soft ones (under
+            `seq_mean_token_mean` they differ only through the rows' lengths). Only
+            `hard_once` changes the update: the token counts once, with the
+            mean advantage, and the loss's token count shrinks accordingly
+            (under `seq_mean_token_mean`, a branch's row averages over its own
+            tokens only).
         entropy_norm: How ΔH_t = H_t - H_initial is normalized (the paper
             normalizes ΔH_t without fixing a scale that carries over between
             vocabularies). `log_vocab` divides by ln|V|, the largest possible
@@ -73,7 +100,8 @@ class ARPOConfig(GRPOConfig):
 
     group_size: int = 16
     initial_rollouts: int = 8
-    beam_size: int = 2
+    forks_per_branch: int = 2
+    fork_decision: ForkDecision = "per_point"
     alpha: float = 0.5
     beta: float = 0.2
     tau: float = 0.5
@@ -83,17 +111,27 @@ class ARPOConfig(GRPOConfig):
     entropy_norm: EntropyNorm = "log_vocab"
     estimator: str = "grpo"
 
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "beam_size": (
+            "is now forks_per_branch: Z, the NEW paths forked at a branch point besides the one that continues "
+            "(the paper's Branch(Z)). agentenv's old beam_size B meant Z: write forks_per_branch: B. The published "
+            "ARPO code's beam_size B counts the continuing path too: write forks_per_branch: B - 1 with "
+            "fork_decision: per_fork"
+        ),
+    }
+    """Old keys the loader refuses with a message saying what they became."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         M, N = self.group_size, self.initial_rollouts
         if N < 1:
             raise ConfigError("algorithm.initial_rollouts", f"N must be >= 1, got {N}")
-        if M <= N:
+        if M < N:
             raise ConfigError(
                 "algorithm.group_size",
-                f"M {M} must exceed initial_rollouts N {N}: the M - N others are grown by branching",
+                f"M {M} must be >= initial_rollouts N {N}: the M - N others are grown by branching (N = M: none)",
             )
-        for key in ("beam_size", "entropy_window"):
+        for key in ("forks_per_branch", "entropy_window"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"algorithm.{key}", f"must be >= 1, got {getattr(self, key)}")
         for key in ("alpha", "tau"):
@@ -107,7 +145,8 @@ class ARPOConfig(GRPOConfig):
         get_estimator(self.estimator)  # an unknown name: ConfigError naming algorithm.estimator
         choices = {
             "branch_rule": ("threshold", "stochastic"),
-            "advantage": ("soft", "hard"),
+            "advantage": ("soft", "hard", "hard_once"),
+            "fork_decision": ("per_point", "per_fork"),
             "entropy_norm": ("log_vocab", "none"),
         }
         for key, allowed in choices.items():

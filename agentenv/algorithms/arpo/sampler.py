@@ -5,7 +5,11 @@ One call of `TreeSampler.sample` grows the tree of one task:
 1. N paths start as independent coroutines (`rollout.Episode`).
 2. At every tool result of a running path, while branch slots remain, the path
    generates k tokens (a partial turn), H_t is their mean entropy and the rule
-   in `branching.should_branch` decides. To branch, the env is forked Z times at
+   in `branching.should_branch` decides (once per point, or once per fork:
+   `fork_decision`). A tool result is a step whose info says
+   `tool_result=True` (`AgentEnv` does for a tool's output, and not for its
+   own messages: a malformed call's error, the tool-call limit, where there
+   is nothing to explore but the answer). To branch, the env is forked Z times at
    the node right after the tool result (the k tokens are not stepped into the
    env yet, so the env still stands at that node) and every fork starts as its
    own coroutine, generating while other paths wait for their tools. The path
@@ -16,7 +20,9 @@ One call of `TreeSampler.sample` grows the tree of one task:
 Everything that decides is per call: H_initial belongs to each path of this
 tree (a branch inherits its parent's, as it shares the first k tokens), so
 nothing carries over between batches. Seeds derive from the call's seed and
-each path's place in the tree.
+each path's place in the tree: root path i (initial paths, then fills) gets
+GRPO's episode seed `derive_seed(seed, i)`, so a tree that never probes (N = M)
+is GRPO's group of M.
 """
 
 from __future__ import annotations
@@ -27,14 +33,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentenv.algorithms.arpo.branching import entropy_scale, should_branch, window_entropy
+from agentenv.algorithms.arpo.branching import entropy_scale, fork_count, should_branch, window_entropy
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.rollout.engine import Episode, RolloutConfig, close_quietly, derive_seed, play_to_end
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
 
-# seed streams, so initial paths, fills, branches and branch decisions never share a seed
-_INITIAL, _FILL, _BRANCH, _DECIDE = 1, 2, 3, 4
+# seed streams of branches and branch decisions (3 or 4 parts: never a root's 2-part seed)
+_BRANCH, _DECIDE = 3, 4
 
 
 @dataclass
@@ -105,13 +111,14 @@ class _Tree:
     async def grow(self) -> Group:
         t0 = time.monotonic()
         try:
-            for i in range(self.cfg.initial_rollouts):
-                self._start_root("initial", f"i{i}", derive_seed(self.seed, _INITIAL, i))
+            N = self.cfg.initial_rollouts
+            for i in range(N):
+                self._start_root("initial", f"i{i}", derive_seed(self.seed, i))
             await self._drain()
             fills = self.cfg.group_size - self.started
             self.slots = 0  # fills take the rest; they never branch
             for j in range(fills):
-                self._start_root("fill", f"f{j}", derive_seed(self.seed, _FILL, j))
+                self._start_root("fill", f"f{j}", derive_seed(self.seed, N + j))
             await self._drain()
         finally:
             for t in self.pending:
@@ -155,9 +162,9 @@ class _Tree:
             return
         self._spawn(_Path(Episode(self.policy, env, self.params, seed, self.rollout), role, label), fresh=True)
 
-    def _reserve(self) -> int:
-        """Take up to Z branch slots; 0 when the budget is spent."""
-        n = min(self.cfg.beam_size, self.slots)
+    def _reserve(self, wanted: int) -> int:
+        """Take up to `wanted` branch slots; 0 when the budget is spent."""
+        n = min(wanted, self.slots)
         self.slots -= n
         return n
 
@@ -187,8 +194,8 @@ class _Tree:
                 path.h_initial = window_entropy(turn.entropies, self.cfg.entropy_window)
             partial = None
             step = await ep.step(turn)
-            if step.done or not step.observation:
-                continue
+            if step.done or not step.info.get("tool_result"):
+                continue  # the end, or the env's own message: no tool result to branch after
             path.tool_results += 1
             if self.slots > 0 and path.h_initial is not None:
                 partial = await self._probe(path)
@@ -201,18 +208,23 @@ class _Tree:
         if not probe.token_ids:
             return probe
         h_t = window_entropy(probe.entropies, self.cfg.entropy_window)
-        u = random.Random(derive_seed(ep.seed, _DECIDE, path.tool_results)).random()
-        branch = should_branch(
-            h_t,
-            path.h_initial,  # type: ignore[arg-type] - checked by the caller
-            alpha=self.cfg.alpha,
-            beta=self.cfg.beta,
-            tau=self.cfg.tau,
-            rule=self.cfg.branch_rule,
-            u=u,
-            scale=self.scale(),
-        )
-        n = self._reserve() if branch else 0
+        cfg = self.cfg
+        draws = fork_draws(cfg, ep.seed, path.tool_results)
+
+        def branch(u: float) -> bool:
+            return should_branch(
+                h_t,
+                path.h_initial,  # type: ignore[arg-type] - checked by the caller
+                alpha=cfg.alpha,
+                beta=cfg.beta,
+                tau=cfg.tau,
+                rule=cfg.branch_rule,
+                u=u,
+                scale=self.scale(),
+            )
+
+        wanted = fork_count(cfg.forks_per_branch, cfg.fork_decision, draws, branch)
+        n = self._reserve(wanted)
         record = {
             "path": path.label,
             "tool_result": path.tool_results,
@@ -220,7 +232,8 @@ class _Tree:
             "h_initial": path.h_initial,
             "h_t": h_t,
             "delta_h": (h_t - path.h_initial) / self.scale(),  # type: ignore[operator]
-            "branch": branch,
+            "branch": wanted > 0,
+            "forks_wanted": wanted,
             "forks": n,
         }
         path.probes.append(record)
@@ -251,6 +264,12 @@ class _Tree:
         if self._scale is None:
             self._scale = entropy_scale(self.cfg.entropy_norm, len(self.policy.tokenizer))
         return self._scale
+
+
+def fork_draws(cfg: ARPOConfig, seed: int, tool_result: int) -> list[float]:
+    """The uniform draws of a path's branch point: one per point, or one per fork (fork c's own stream)."""
+    keys = [()] if cfg.fork_decision == "per_point" else [(c,) for c in range(cfg.forks_per_branch)]
+    return [random.Random(derive_seed(seed, _DECIDE, tool_result, *k)).random() for k in keys]
 
 
 def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...], tokenizer: Any) -> Generation:

@@ -90,6 +90,52 @@ def shared_token_mean(
     return out
 
 
+def counted_once(
+    lengths: Sequence[int],
+    parents: Sequence[int | None],
+    branch_tokens: Sequence[int | None],
+    valid: Sequence[bool] | None = None,
+) -> list[torch.Tensor]:
+    """Where each token enters the loss when every shared token is counted once (`advantage: hard_once`).
+
+    A token shared by several trajectories is kept in one row only, its
+    carrier's: the owner (the trajectory that generated it) when the owner is
+    valid, else the first valid trajectory that shares it (a failed owner's
+    row is out of the loss, so its branches' copies must carry its tokens).
+    A token nobody else shares stays where it is. Invalid rows are left all
+    True (their loss mask is already 0).
+
+    Args:
+        lengths, parents, branch_tokens: The tree, as for `shared_token_mean`.
+        valid: Trajectories in the loss (failed ones are not).
+    Returns:
+        Per trajectory, a (len,) bool tensor: True where that row counts the token.
+    """
+    n = len(lengths)
+    valid = [True] * n if valid is None else list(valid)
+    owners = _owners(lengths, parents, branch_tokens)
+    # carrier[o][j]: the row that counts token j of owner o; -1 until a valid sharer is seen
+    carrier = [torch.where(torch.tensor(valid[o]), o, -1).expand(lengths[o]).clone() for o in range(n)]
+    for i in range(n):  # rows in order, so the first valid sharer wins where the owner failed
+        if not valid[i]:
+            continue
+        for o in owners[i].unique().tolist():
+            pos = (owners[i] == o).nonzero().squeeze(-1)  # i's tokens owned by o
+            unset = pos[carrier[o][pos] < 0]
+            carrier[o][unset] = i
+    keep = []
+    for i in range(n):
+        if not valid[i]:
+            keep.append(torch.ones(lengths[i], dtype=torch.bool))
+            continue
+        mine = torch.zeros(lengths[i], dtype=torch.bool)
+        for o in owners[i].unique().tolist():
+            pos = (owners[i] == o).nonzero().squeeze(-1)
+            mine[pos] = carrier[o][pos] == i
+        keep.append(mine)
+    return keep
+
+
 def tree_indices(trajectories: Sequence[Trajectory]) -> tuple[list[int | None], list[int | None]]:
     """Parent indices and branch tokens of a group; a parent outside the group makes the trajectory a root."""
     index = {t.uid: i for i, t in enumerate(trajectories)}

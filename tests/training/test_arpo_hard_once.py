@@ -1,0 +1,29 @@
+"""ARPO's `advantage: hard_once` through the trainer: finalize drops the branches' copied prefixes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_train_step_counts_each_shared_token_once(fast_overrides):
+    """A toy tree of the tiny model (α = 1: every probe branches), one step: the copies leave the loss."""
+    from agentenv.configs import config_from_dict
+    from agentenv.training.trainer import Trainer
+
+    cfg = config_from_dict({}, fast_overrides + [
+        "algorithm.name=arpo", "algorithm.group_size=4", "algorithm.initial_rollouts=1", "algorithm.alpha=1.0",
+        "algorithm.advantage=hard_once",
+    ])  # fmt: skip
+    trainer = Trainer(cfg)
+    try:
+        metrics = trainer.train_step(0)
+    finally:
+        trainer.close()
+    dropped = metrics["train/arpo/once_dropped"]
+    assert 0.0 < dropped < 1.0  # some tokens were copies, most were not
+    assert metrics["train/skipped_updates"] == 0.0
+    assert math.isfinite(metrics["train/grad_norm"]) and metrics["train/grad_norm"] > 0
