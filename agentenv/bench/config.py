@@ -28,7 +28,17 @@ Pairing: for one seed every variant gets the same `trainer.seed` and the
 same task source, so the same training batches (`TaskStream(train,
 seed)`), the same per-task sampling seeds (`derive_seed(seed, step,
 index)`), the same held-out tasks and the same evaluation seeds; the
-differences between variants are then measured seed by seed.
+differences between variants are then measured seed by seed. An algorithm
+that draws extra tasks breaks the batch pairing from its first extra draw on:
+DAPO's dynamic sampling takes its refills from the same stream (as DAPO's data
+loader does), so its later batches differ; the report's pairing check names
+the steps, and its difference still pairs seeds and held-out evaluations.
+
+Sections merge key by key, the `algorithm` section too: a variant
+`{algorithm: {name: dapo}}` over a base whose algorithm section sets
+`loss_agg` keeps that `loss_agg`. To give a variant its algorithm's own
+settings, name its run config (`dapo: ../toy_dapo.yaml`); the plan prints
+each variant's algorithm settings that differ from the defaults.
 """
 
 from __future__ import annotations

@@ -339,6 +339,21 @@ def plan_runs(bench: BenchConfig, specs: list[RunSpec]) -> tuple[list[PlannedRun
     return out, finished
 
 
+def algorithm_settings(cfg: RunConfig) -> str:
+    """A run's algorithm and its settings that differ from that algorithm's defaults (`dapo loss_agg=token_mean`)."""
+    a = cfg.algorithm_config
+    try:
+        default = type(a)()
+    except TypeError:  # a config class whose fields have no defaults: show them all
+        default = None
+    diff = [
+        f"{f.name}={getattr(a, f.name)}"
+        for f in dataclasses.fields(a)
+        if default is None or getattr(a, f.name) != getattr(default, f.name)
+    ]
+    return " ".join([cfg.algorithm.name] + (diff or ["(its defaults)"]))
+
+
 def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunResult], base_probe_s: float) -> str:
     """The plan as printed before a benchmark starts: variants x seeds, each run's status, the estimate."""
     todo = [p for p in plan if p.status != "reuse"]
@@ -348,6 +363,11 @@ def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunRe
         f"plan: {len(bench.variants)} variants x {len(bench.seeds)} seeds = {len(plan)} runs "
         f"({len(plan) - len(todo)} reused, {len(todo)} to train) into {bench.output_dir}",
     ]
+    seen: set[str] = set()
+    for p in plan:  # each variant's algorithm, as merged: a base's algorithm fields carry over
+        if p.spec.variant not in seen:
+            seen.add(p.spec.variant)
+            lines.append(f"  {p.spec.variant:<20} {algorithm_settings(p.spec.config)}")
     for p in plan:
         est = "" if p.status == "reuse" else f", ~{p.estimate_s / 60:.1f} min"
         lines.append(f"  {p.spec.variant:<20} seed {p.spec.seed:<4} {p.status:<6} ({p.reason}{est})")

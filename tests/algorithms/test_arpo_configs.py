@@ -55,7 +55,7 @@ def test_toy_config_loads():
 def test_overrides_reach_the_arpo_section():
     cfg = load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.forks_per_branch=3", "algorithm.advantage=hard"])
     assert cfg.algorithm_config.forks_per_branch == 3 and cfg.algorithm_config.advantage == "hard"
-    with pytest.raises(ConfigError, match="M 16 must be >= initial_rollouts N 17"):
+    with pytest.raises(ConfigError, match="N 17 must be <= group_size M 16"):
         load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.initial_rollouts=17"])
     assert load_config(CONFIGS / "paper_arpo_qwen2.5-7b.yaml", ["algorithm.initial_rollouts=16"]).algorithm_config.branch_budget == 0
     assert dataclasses.is_dataclass(cfg.algorithm_config)

@@ -219,5 +219,16 @@ def test_fork_settings_validate_and_n_equal_m_is_allowed():
     with pytest.raises(ConfigError) as e:
         ARPOConfig(fork_decision="per_beam")
     assert e.value.key == "algorithm.fork_decision"
-    with pytest.raises(ConfigError, match="M 4 must be >= initial_rollouts N 5"):
+    with pytest.raises(ConfigError, match="N 5 must be <= group_size M 4") as e:
         ARPOConfig(group_size=4, initial_rollouts=5)
+    assert e.value.key == "algorithm.initial_rollouts"
+
+
+def test_hard_once_with_a_kl_in_the_return_is_refused():
+    # counted once, a shared token's return would hold only its carrier's KL tail
+    with pytest.raises(ConfigError, match="carrier's KL tail") as e:
+        ARPOConfig(advantage="hard_once", estimator="reinforce_pp", kl_coef=0.01)
+    assert e.value.key == "algorithm.advantage"
+    assert ARPOConfig(advantage="hard_once", estimator="reinforce_pp", kl_coef=0.0).kl_coef == 0.0
+    assert ARPOConfig(advantage="hard", estimator="reinforce_pp", kl_coef=0.01).advantage == "hard"
+    assert ARPOConfig(advantage="hard_once", estimator="rloo", kl_coef=0.01).estimator == "rloo"  # KL in the loss

@@ -79,6 +79,20 @@ def test_plan_from_the_prior_when_nothing_finished(tmp_path):
     assert f"estimated wall time: {(6 * run + 2 * probe) / 60:.1f} min (per run: prior: " in text
 
 
+def test_plan_shows_each_variants_algorithm_as_merged(tmp_path):
+    """A base's algorithm fields carry over to a variant that names another algorithm: the plan says so."""
+    bench = _bench(tmp_path, variants={"a": {}, "b": {"algorithm": {"normalize_std": False}},
+                                       "d": {"algorithm": {"name": "dapo"}}})  # fmt: skip
+    lines = show_plan(bench).splitlines()
+    assert "  a                    grpo group_size=4" in lines
+    assert "  b                    grpo group_size=4 normalize_std=False" in lines
+    assert "  d                    dapo group_size=4" in lines  # DAPO's own defaults (token_mean) kept
+    bench = _bench(tmp_path, base={"algorithm": {"loss_agg": "seq_mean_token_mean"}}, variants={"d": {"algorithm": {"name": "dapo"}}})
+    assert "  d                    dapo loss_agg=seq_mean_token_mean" in show_plan(bench).splitlines()
+    bench = _bench(tmp_path, base={}, variants={"g": {}})
+    assert "  g                    grpo (its defaults)" in show_plan(bench).splitlines()
+
+
 def test_plan_reuses_finished_redoes_killed_and_estimates_from_measured_runs(tmp_path):
     bench = _bench(tmp_path)
     specs = {(s.variant, s.seed): s for s in resolve_runs(bench)}

@@ -32,7 +32,7 @@ def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:
     return shared_token_mean(scalars, [len(t) for t in trajs], parents, branch, valid=[not t.failed for t in trajs])
 
 
-def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
     """`advantage: hard_once`: drop the copies of shared tokens from the loss, in place.
 
     Row i of `batch` is `trajectories[i]`; a tree's rows are found by uid (the
@@ -40,20 +40,22 @@ def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory]) -> 
     (`tree.counted_once`), which holds the mean advantage already.
 
     Returns:
-        `arpo/once_dropped`: the fraction of the batch's policy tokens dropped.
+        `arpo/once_dropped`: the fraction of the policy tokens dropped, over
+        every process's batch (`reduce` sums over processes).
     """
     if len(trajectories) != len(batch):
         raise ValueError(f"{len(batch)} batch rows but {len(trajectories)} trajectories")
     parents, branch = tree_indices(trajectories)
     keep = counted_once([len(t) for t in trajectories], parents, branch, valid=[not t.failed for t in trajectories])
-    before = float(batch.loss_mask.sum())
+    before = batch.loss_mask.sum().to(torch.float64)
     for i, k in enumerate(keep):
         n = k.shape[0]
         if n > 1:
             cols = k[1:].to(batch.loss_mask.dtype)  # (n-1,): column c is token c + 1
             batch.loss_mask[i, : n - 1] *= cols
             batch.advantages[i, : n - 1] *= cols
-    return {"arpo/once_dropped": 1.0 - float(batch.loss_mask.sum()) / before if before else 0.0}
+    counts = reduce(torch.stack([before, batch.loss_mask.sum().to(torch.float64)]))  # (2,) before, after
+    return {"arpo/once_dropped": 1.0 - float(counts[1]) / float(counts[0]) if float(counts[0]) else 0.0}
 
 
 class ARPO:
@@ -84,7 +86,7 @@ class ARPO:
         estimator's batch step, if it has one (REINFORCE++: KL in the return, global whitening)."""
         metrics: dict[str, float] = {}
         if self.cfg.advantage == "hard_once":  # first, so later batch-level steps see each token once
-            metrics.update(count_shared_once(batch, trajectories))
+            metrics.update(count_shared_once(batch, trajectories, reduce))
         step = estimator_of(self.cfg).batch_step
         if step is not None:
             metrics.update(step(batch, reduce, self.cfg))

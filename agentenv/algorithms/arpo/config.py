@@ -83,7 +83,9 @@ class ARPOConfig(GRPOConfig):
             `hard_once` changes the update: the token counts once, with the
             mean advantage, and the loss's token count shrinks accordingly
             (under `seq_mean_token_mean`, a branch's row averages over its own
-            tokens only).
+            tokens only). `hard_once` with a KL in the return (`reinforce_pp*`
+            with `kl_coef` > 0) is refused: the token's return would hold only
+            its carrier's KL tail.
         entropy_norm: How ΔH_t = H_t - H_initial is normalized (the paper
             normalizes ΔH_t without fixing a scale that carries over between
             vocabularies). `log_vocab` divides by ln|V|, the largest possible
@@ -128,8 +130,8 @@ class ARPOConfig(GRPOConfig):
             raise ConfigError("algorithm.initial_rollouts", f"N must be >= 1, got {N}")
         if M < N:
             raise ConfigError(
-                "algorithm.group_size",
-                f"M {M} must be >= initial_rollouts N {N}: the M - N others are grown by branching (N = M: none)",
+                "algorithm.initial_rollouts",
+                f"N {N} must be <= group_size M {M}: the M - N others are grown by branching (N = M: none)",
             )
         for key in ("forks_per_branch", "entropy_window"):
             if getattr(self, key) < 1:
@@ -142,7 +144,14 @@ class ARPOConfig(GRPOConfig):
             raise ConfigError("algorithm.beta", f"must be a finite number >= 0, got {self.beta}")
         from agentenv.algorithms.estimators import get_estimator
 
-        get_estimator(self.estimator)  # an unknown name: ConfigError naming algorithm.estimator
+        est = get_estimator(self.estimator)  # an unknown name: ConfigError naming algorithm.estimator
+        if self.advantage == "hard_once" and est.kl_in_return and self.kl_coef > 0:
+            raise ConfigError(
+                "algorithm.advantage",
+                f"hard_once with estimator {self.estimator!r} and kl_coef {self.kl_coef} is not supported: a shared "
+                "token counted once would carry only its carrier's KL tail, not the mean over the trajectories "
+                "sharing it; use advantage: hard (each copy its own return), or kl_coef: 0",
+            )
         choices = {
             "branch_rule": ("threshold", "stochastic"),
             "advantage": ("soft", "hard", "hard_once"),
