@@ -205,7 +205,9 @@ def fmt_interval(iv: Interval | None, fmt: str = "{:.3f}", signed: bool = False)
         return "n/a"
     f = fmt.replace("{:", "{:+") if signed else fmt
     text = f.format(iv.mean)
-    if iv.n >= 2:
+    if iv.degenerate:
+        text += f" [all {iv.n} seeds equal]"
+    elif iv.n >= 2:
         text += f" [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
     if signed and iv.excludes(0.0):
         text += " *"
@@ -352,7 +354,8 @@ def markdown_report(
         "",
         f"Held-out accuracy: the trainer's final evaluation; mean over seeds [{conf} Student t interval]. "
         f"Δ: each seed's accuracy minus {rows[0].variant if rows else 'the first variant'}'s on the same seed, "
-        f"mean [{conf} t interval over the per-seed differences]; * marks an interval that excludes 0. "
+        f"mean [{conf} t interval over the per-seed differences]; * marks an interval that excludes 0 "
+        "(`all n seeds equal`: every seed gave the same value, no interval and no *). "
         f"Rollout columns: mean ± std over seeds of the last {last} training steps. "
         "tool results/group: the tool results the env returned per task (a tree's shared prefix counted once: "
         "the tool-call budget the ARPO paper compares; answers to malformed calls included), and its ratio to "

@@ -60,9 +60,16 @@ class Interval:
         """Half-width of the interval (nan without one)."""
         return (self.high - self.low) / 2
 
+    @property
+    def degenerate(self) -> bool:
+        """Zero width: every seed gave the same value. Accuracies come in steps of 1 / episodes, so a few seeds
+        can agree by chance; their sample std of 0 says nothing about the spread, and no t interval is made."""
+        return self.n >= 2 and math.isclose(self.high, self.low, rel_tol=1e-9, abs_tol=1e-12)  # float rounding
+
     def excludes(self, value: float = 0.0) -> bool:
-        """The interval exists and `value` lies outside it (a difference 'significant' at 1 - confidence)."""
-        return self.n >= 2 and (self.low > value or self.high < value)
+        """The interval exists, has a width, and `value` lies outside it (a difference 'significant' at
+        1 - confidence). A degenerate interval excludes nothing."""
+        return self.n >= 2 and not self.degenerate and (self.low > value or self.high < value)
 
 
 def t_two_sided_mass(t: float, df: int) -> float:

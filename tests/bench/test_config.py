@@ -156,10 +156,7 @@ def test_shipped_bench_configs_resolve(name):
 
 
 def test_paper_table_config_resolves():
-    """GRPO, DAPO, REINFORCE++, ARPO soft/hard/hard_once, 3 seeds, one budget.
-
-    `dapo`, `reinforce_pp` and `advantage: hard_once` come from issue 20's other two branches: this test
-    passes once they are merged (on the bench branch alone it fails on the first unknown name)."""
+    """GRPO, DAPO, REINFORCE++, ARPO soft/hard/hard_once, 3 seeds, one budget."""
     bench = load_bench_config(CONFIGS / "paper_table_toy.yaml")
     assert len(bench.seeds) >= 3 and not bench.smoke
     runs = resolve_runs(bench)
@@ -169,17 +166,19 @@ def test_paper_table_config_resolves():
 
 
 def test_paper_table_budget_and_estimate():
-    """The paper table's sizes, with the algorithms of the other branches stood in by grpo/arpo (runs on this
-    branch alone): 18 runs of one budget, a prior estimate under the hour (the issue allows 90 minutes)."""
+    """The paper table's sizes: 18 runs of one budget, each algorithm with its own toy config's settings (DAPO's
+    token-level loss, not toy_grpo.yaml's), and a prior estimate under the hour (the issue allows 90 minutes)."""
     from agentenv.bench.runner import show_plan
 
-    stand_in = ["variants.dapo.algorithm.name=grpo", "variants.reinforce_pp.algorithm.name=grpo",
-                "variants.arpo_hard_once.algorithm.advantage=hard", "output_dir=/nonexistent/paper_table_toy"]  # fmt: skip
-    bench = load_bench_config(CONFIGS / "paper_table_toy.yaml", stand_in)
+    bench = load_bench_config(CONFIGS / "paper_table_toy.yaml", ["output_dir=/nonexistent/paper_table_toy"])
     runs = resolve_runs(bench)
     assert len(runs) == 18 and {r.seed for r in runs} == {0, 1, 2}
     c = runs[0].config
     assert (c.trainer.steps, c.trainer.tasks_per_step, c.algorithm_config.group_size) == (10, 4, 8)
+    algo = {r.variant: r.config.algorithm_config for r in runs}
+    assert algo["dapo"].loss_agg == "token_mean" and (algo["dapo"].clip_low, algo["dapo"].clip_high) == (0.2, 0.28)
+    assert algo["reinforce_pp"].kl_coef == 0.01 and algo["grpo"].loss_agg == "seq_mean_token_mean"
+    assert [algo[v].advantage for v in ("arpo_soft", "arpo_hard", "arpo_hard_once")] == ["soft", "hard", "hard_once"]
     text = show_plan(bench)
     minutes = float(text.rsplit("estimated wall time: ", 1)[1].split(" min")[0])
     assert 45 <= minutes <= 60, text

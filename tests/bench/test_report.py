@@ -44,6 +44,7 @@ def test_fmt_interval():
     assert fmt_interval(Interval(0.3, 0.051586, 0.548414, 3)) == "0.300 [0.052, 0.548]"
     assert fmt_interval(Interval(0.05, 0.025, 0.075, 3), signed=True) == "+0.050 [0.025, 0.075] *"
     assert fmt_interval(Interval(0.05, -0.01, 0.11, 3), signed=True) == "+0.050 [-0.010, 0.110]"
+    assert fmt_interval(Interval(-0.017, -0.017, -0.017, 3), signed=True) == "-0.017 [all 3 seeds equal]"
     assert fmt_interval(None) == "—"
 
 

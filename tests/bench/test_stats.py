@@ -190,6 +190,11 @@ def test_paired_difference_is_taken_seed_by_seed():
     d2 = paired_interval(first, {0: 0.25, 1: 0.38, 2: 0.43})
     assert (d2.low, d2.high) == pytest.approx((-0.009183, 0.115849), abs=1e-6)
     assert not d2.excludes(0.0)
+    # every seed the same difference (accuracies in steps of 1/120, as in paper_table_toy's arpo_hard_once row):
+    # a sample std of 0 (up to float rounding) is no interval, and nothing is marked
+    d3 = paired_interval({0: 0.25, 1: 0.25, 2: 0.275}, {0: 28 / 120, 1: 28 / 120, 2: 31 / 120})
+    assert d3.mean == pytest.approx(-2 / 120) and d3.degenerate and not d3.excludes(0.0)
+    assert not d.degenerate and not t_interval([0.4]).degenerate
     # a seed one variant lacks (or a nan) is left out of the pairs
     assert paired_differences(first, {0: 0.3, 2: float("nan"), 7: 1.0}) == pytest.approx({0: 0.1})
 
