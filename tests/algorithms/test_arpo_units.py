@@ -41,7 +41,7 @@ def test_defaults_are_the_papers():
 @pytest.mark.parametrize(
     "kwargs, key, numbers",
     [
-        ({"group_size": 8, "initial_rollouts": 12}, "algorithm.group_size", ["M 8", "N 12"]),
+        ({"group_size": 8, "initial_rollouts": 12}, "algorithm.initial_rollouts", ["M 8", "N 12"]),
         ({"initial_rollouts": 0}, "algorithm.initial_rollouts", ["0"]),
         ({"forks_per_branch": 0}, "algorithm.forks_per_branch", ["0"]),
         ({"entropy_window": 0}, "algorithm.entropy_window", ["0"]),

@@ -25,8 +25,8 @@ def test_two_grpo_steps_change_the_real_model_and_keep_the_context_exact(tmp_pat
         register_reward("test-searched", searched)
     cfg = load_config("configs/real_smollm2_grpo.yaml", [
         "policy.backend=hf", "policy.max_turn_tokens=32", "env.reward=test-searched", "env.max_context_tokens=768",
-        "env.tasks.path=/work/shared/data/arpo/valid.parquet", "trainer.steps=2", "trainer.tasks_per_step=2",
-        "trainer.mini_batch_tasks=2", "trainer.micro_batch_size=2", "trainer.lr=1.0e-4", "trainer.eval_every=0",
+        "env.tasks.path=/work/shared/data/arpo/valid.parquet", "trainer.steps=2", "trainer.tasks_per_step=1",
+        "trainer.mini_batch_tasks=1", "trainer.micro_batch_size=2", "trainer.lr=1.0e-4", "trainer.eval_every=0",
         "trainer.checkpoint_every=100", "logging.progress=false", f"trainer.output_dir={tmp_path / 'run'}",
     ])  # fmt: skip
     trainer = Trainer(cfg)
