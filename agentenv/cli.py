@@ -107,6 +107,7 @@ def eval_(
             heldout = balanced_subset(rt.tasks.heldout, tasks or tc.eval_tasks)
             if not heldout:
                 raise ConfigError("env.tasks.eval_path", "no held-out tasks to evaluate on")
+            await rt.health_check()
             return await evaluate(
                 rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed,
                 rollout=cfg.rollout,
@@ -118,7 +119,9 @@ def eval_(
         report = asyncio.run(go())
     except AgentEnvError as e:
         _fail(e)
-    text = json.dumps(report.__dict__, indent=1, default=str)
+    for line in report.tool_stats.warnings("in the evaluation"):
+        typer.secho(f"warning: {line}", fg=typer.colors.YELLOW, err=True)
+    text = json.dumps(report.to_json(), indent=1, default=str)
     typer.echo(text)  # printed first: a failed write below loses nothing
     if out:
         try:
@@ -159,9 +162,9 @@ def bench(
 @tiny_app.command("build")
 def tiny_build(
     overrides: Optional[list[str]] = typer.Argument(None, help="TinyBuildConfig fields, e.g. sft_steps=200."),
-    force: bool = typer.Option(False, help="Rebuild even if a cached build exists."),
+    force: bool = typer.Option(False, help="Build here (minutes) even if a cached build or the shipped weights exist."),
 ) -> None:
-    """Build (or find in the cache) the embedded tiny model and print where it is."""
+    """Find (in the cache or the package) or build the embedded tiny model; print its build info and folder."""
     from agentenv.loader import build_dataclass, field_overrides
     from agentenv.toy.tiny import TinyBuildConfig, ensure_tiny_model
 

@@ -18,6 +18,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SegmentSource = Literal["prompt", "policy", "tool"]
 FinishReason = Literal["stop", "eos", "length"]
+ToolErrorKind = Literal["timeout", "sandbox", "http", "refused", "agent", "error"]
+"""Why a tool call failed: `timeout` (the call ran out of time), `sandbox` (the sandbox could not run the code),
+`http` (a server or the network failed), `refused` (the tool would not take the call: empty or oversized input),
+`agent` (the tool worked and the agent's own code or request failed: an exception, a non-zero exit), `error`
+(a tool that did not say)."""
+TOOL_ERROR_KINDS: tuple[ToolErrorKind, ...] = ("timeout", "sandbox", "http", "refused", "agent", "error")
+TOOL_FAULT_KINDS: tuple[ToolErrorKind, ...] = ("timeout", "sandbox", "http", "refused", "error")
+"""The kinds that say a tool did not do its job (all but `agent`): these are counted as tool failures."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,8 @@ class ToolResult:
         error: A short reason the model can read (None when ok).
         latency_s: Wall time of the call.
         metadata: Anything else (exit status, cache hit, urls, ...).
+        kind: Why it failed (`ToolErrorKind`); None when ok. A failed result
+            that names no kind is `error`.
     """
 
     text: str
@@ -106,6 +116,15 @@ class ToolResult:
     error: str | None = None
     latency_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+    kind: ToolErrorKind | None = None
+
+    def __post_init__(self) -> None:
+        if self.ok:
+            self.kind = None
+        elif self.kind is None:
+            self.kind = "error"
+        elif self.kind not in TOOL_ERROR_KINDS:
+            raise ValueError(f"ToolResult.kind must be one of {TOOL_ERROR_KINDS}, got {self.kind!r}")
 
 
 @dataclass
@@ -156,6 +175,7 @@ class Trajectory:
         finish_reason: Why it ended: `answer`, `eos`, `length`, `tool_limit`,
             `context`, `error`, or `running` while still going.
         tool_calls: Count of calls per tool name (malformed calls under `invalid`).
+        tool_errors: Failed calls per tool name and `ToolResult.kind`.
         tool_time_s: Total wall time spent inside tools.
         gen_time_s: Total wall time spent waiting for the policy.
         failed: True when infrastructure failed; a failed trajectory is masked
@@ -173,6 +193,7 @@ class Trajectory:
     reward: float = 0.0
     finish_reason: str = "running"
     tool_calls: dict[str, int] = field(default_factory=dict)
+    tool_errors: dict[str, dict[str, int]] = field(default_factory=dict)
     tool_time_s: float = 0.0
     gen_time_s: float = 0.0
     failed: bool = False

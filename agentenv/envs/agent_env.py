@@ -132,6 +132,8 @@ class AgentEnv(gymnasium.Env):
         self._tool_calls: dict[str, int] = {}
         self._tool_time_s = 0.0
         self._tool_time_by_name: dict[str, float] = {}
+        self._tool_errors: dict[str, dict[str, int]] = {}  # tool -> ToolResult.kind -> failed calls
+        self._tool_error_text: dict[str, str] = {}  # "tool/kind" -> the first such error, for warnings
         self._turns = 0
         self._limit_warned = False
         self._reward = 0.0
@@ -316,6 +318,12 @@ class AgentEnv(gymnasium.Env):
         self._tool_time_s += elapsed
         self._tool_time_by_name[parsed.tool] = self._tool_time_by_name.get(parsed.tool, 0.0) + elapsed
         info.update(tool=parsed.tool, tool_ok=result.ok, tool_result=True)
+        if not result.ok:
+            kind = result.kind or "error"
+            errors = self._tool_errors.setdefault(parsed.tool, {})
+            errors[kind] = errors.get(kind, 0) + 1
+            self._tool_error_text.setdefault(f"{parsed.tool}/{kind}", (result.error or "")[:200])
+            info["tool_error_kind"] = kind
         return result_text(result)
 
     async def _finish(
@@ -409,6 +417,7 @@ class AgentEnv(gymnasium.Env):
             reward=self._reward,
             finish_reason=self._finish_reason,
             tool_calls=dict(self._tool_calls),
+            tool_errors={name: dict(kinds) for name, kinds in self._tool_errors.items()},
             tool_time_s=self._tool_time_s,
             uid=self._uid,
             parent_uid=self._parent_uid,
@@ -417,6 +426,7 @@ class AgentEnv(gymnasium.Env):
                 "turns": self._turns,
                 "reward": dict(self._reward_info),
                 "tool_time_by_name": dict(self._tool_time_by_name),
+                "tool_error_text": dict(self._tool_error_text),
             },
         )
 
@@ -442,6 +452,8 @@ class AgentEnv(gymnasium.Env):
         new._messages = list(self._messages)
         new._tool_calls = dict(self._tool_calls)
         new._tool_time_by_name = dict(self._tool_time_by_name)
+        new._tool_errors = {name: dict(kinds) for name, kinds in self._tool_errors.items()}
+        new._tool_error_text = dict(self._tool_error_text)
         new._reward_info = dict(self._reward_info)
         new._tools = {name: tool.fork() for name, tool in self._tools.items()}
         new._uid = uuid.uuid4().hex[:12]

@@ -162,7 +162,7 @@ async def call_tool(tool: Tool, query: str, timeout_s: float) -> tuple[ToolResul
     except TimeoutError:
         elapsed = time.perf_counter() - t0
         msg = f"The {tool.name} call timed out after {timeout_s:g} s. Try a simpler or shorter request."
-        return ToolResult(text=f"Error: {msg}", ok=False, error="timeout", latency_s=elapsed), elapsed
+        return ToolResult(text=f"Error: {msg}", ok=False, error="timeout", latency_s=elapsed, kind="timeout"), elapsed
     elapsed = time.perf_counter() - t0
     if not isinstance(result, ToolResult):
         raise TypeError(f"tool {tool.name!r} returned {type(result).__name__}, expected agentenv.types.ToolResult")

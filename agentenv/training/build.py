@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from agentenv.configs import RunConfig
 from agentenv.envs.config import AgentEnvConfig
-from agentenv.errors import ConfigError
+from agentenv.errors import ConfigError, ToolError
 from agentenv.policies.backends import build_policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.tasks.sources import TaskSet
@@ -21,6 +21,8 @@ from agentenv.tasks.sources import TaskSet
 
 _CLOSE_TIMEOUT_S = 120.0
 """Bound on closing one prototype tool (a sandbox pool removes its containers)."""
+_HEALTH_TIMEOUT_S = 300.0
+"""Bound on one tool's health check (a sandbox pool may start and warm its containers)."""
 
 
 def first_line(e: BaseException) -> str:
@@ -100,6 +102,30 @@ class Runtime:
     tasks: TaskSet
     make_env: Callable[[], Any]
     extras: dict[str, Any] = field(default_factory=dict)
+
+    async def health_check(self, timeout_s: float = _HEALTH_TIMEOUT_S) -> None:
+        """Every tool that has a `health_check()` runs it, on the tool loop where its calls run.
+
+        A sandbox pool starts and warms every container and runs `print(1)` in
+        each; a retriever answers a query. So a tool that is cold or broken
+        stops the run here with one line, instead of failing the calls of the
+        first evaluation (and its accuracy) in silence.
+
+        Raises:
+            ToolError: A tool failed its check or did not finish it within `timeout_s`.
+        """
+        from agentenv.envs.toolloop import run_on_tool_loop
+
+        for name, tool in self.tools.items():
+            check = getattr(tool, "health_check", None)  # optional: a tool with nothing to warm has none
+            if check is None:
+                continue
+            try:
+                await run_on_tool_loop(check, timeout_s, f"the {name} tool")
+            except TimeoutError:
+                raise ToolError(f"the {name} tool did not pass its health check within {timeout_s:g} s") from None
+            except ToolError as e:
+                raise ToolError(f"the {name} tool failed its health check: {first_line(e)}") from None
 
     async def aclose(self) -> None:
         from agentenv.envs.results import close_tool

@@ -12,6 +12,7 @@ import numpy as np
 from agentenv.tasks.task import Task
 from agentenv.training.passk import pass_at_k
 from agentenv.rollout.engine import RolloutConfig
+from agentenv.rollout.toolstats import ToolStats
 from agentenv.types import Group, SamplingParams
 
 
@@ -28,6 +29,8 @@ class EvalReport:
         failed: Samples whose rollout failed on infrastructure.
         by_kind: accuracy per `task.metadata["kind"]` (or ability).
         n_tasks, n_samples: Sizes.
+        tools: Per tool: calls, failed calls by `ToolResult.kind`, and the share that
+            failed (`agentenv.rollout.toolstats`).
     """
 
     accuracy: float
@@ -39,6 +42,17 @@ class EvalReport:
     by_kind: dict[str, float] = field(default_factory=dict)
     n_tasks: int = 0
     n_samples: int = 0
+    tool_stats: ToolStats = field(default_factory=ToolStats, repr=False)
+
+    @property
+    def tools(self) -> dict[str, object]:
+        return self.tool_stats.as_dict()
+
+    def to_json(self) -> dict[str, object]:
+        """The report as the eval JSON holds it."""
+        out = {k: v for k, v in self.__dict__.items() if k != "tool_stats"}
+        out["tools"] = self.tools
+        return out
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
         m = {
@@ -50,6 +64,7 @@ class EvalReport:
         }
         m.update({f"{prefix}pass@{k}": v for k, v in self.pass_at.items()})
         m.update({f"{prefix}accuracy/{k}": v for k, v in self.by_kind.items()})
+        m.update(self.tool_stats.metrics(prefix))
         return m
 
 
@@ -74,6 +89,7 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
         by_kind={k: float(np.mean(v)) for k, v in sorted(kinds.items())},
         n_tasks=len(groups),
         n_samples=len(trajs),
+        tool_stats=ToolStats.of(trajs),
     )
 
 

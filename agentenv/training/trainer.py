@@ -32,6 +32,7 @@ from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
 from agentenv.rollout import derive_seed
 from agentenv.rollout.engine import failed_group
+from agentenv.rollout.toolstats import ToolStats
 from agentenv.tasks.task import balanced_subset
 from agentenv.training import checkpoint as ckpt
 from agentenv.training import sharding
@@ -145,6 +146,8 @@ class Trainer:
         self.resume_skipped: list[tuple[Path, str]] = []  # newer checkpoints found damaged, with why
         self._failed_streak = 0  # consecutive steps in which every trajectory failed
         self._nonfinite_streak = 0  # consecutive steps with a non-finite loss or gradient
+        self._tool_streak: Counter[str] = Counter()  # tool -> consecutive steps in which most of its calls failed
+        self.last_tool_stats = ToolStats()
         if resume:
             self._resume()
         purge = (self.start_step + 1 if self.start_step else 0) if resume else None
@@ -433,6 +436,18 @@ class Trainer:
                 f"trainer.max_failed_steps={tc.max_failed_steps}). Most common error on this process: {why}. "
                 f"Fix its cause, or raise trainer.max_failed_steps to ride out a longer outage; {saved}"
             )
+        stats = self.last_tool_stats
+        for tool in sorted(self.rt.tools):
+            most_failed = stats.calls[tool] > 0 and stats.failure_share(tool) > 0.5
+            self._tool_streak[tool] = self._tool_streak[tool] + 1 if most_failed else 0
+            if self._tool_streak[tool] >= tc.max_failed_steps:
+                kind, n, text = stats.commonest(tool) or ("error", 0, "")
+                raise TrainingStopped(
+                    f"the {tool} tool failed most of its calls in {self._tool_streak[tool]} consecutive steps (up to "
+                    f"step {step}: {stats.failures(tool)} of {stats.calls[tool]} in the last; trainer.max_failed_steps="
+                    f"{tc.max_failed_steps}); commonest: {kind}" + (f": {text}" if text else "")
+                    + f". Fix the tool (env.tools.{tool}) or its cause; {saved}"
+                )
         loss_keys = [k for k in metrics if k.startswith("train/") and "loss" in k]
         nonfinite = metrics["train/skipped_updates"] > 0 or any(not math.isfinite(metrics[k]) for k in loss_keys)
         self._nonfinite_streak = self._nonfinite_streak + 1 if nonfinite else 0
@@ -473,6 +488,9 @@ class Trainer:
             "mismatch_kl": float(mismatch.sum()),
             "loss_n": float(len(loss_metrics)),
         }
+        tool_names = sorted(self.rt.tools)  # the same on every process: the keys must match to be summed
+        local_tools = ToolStats.of(trajs)
+        sums.update(local_tools.counts(tool_names))
         keys = sorted({k for m in loss_metrics for k in m})
         for k in keys:
             sums[f"loss/{k}"] = float(sum(m.get(k, 0.0) for m in loss_metrics))
@@ -500,11 +518,30 @@ class Trainer:
         }
         for k in keys:
             out[f"train/{k}"] = total[f"loss/{k}"] / max(total["loss_n"], 1.0)
+        self.last_tool_stats = ToolStats.from_counts(
+            {k: v for k, v in total.items() if k.startswith(("tool_calls/", "tool_errors/"))}, local_tools.examples
+        )
+        out.update(self.last_tool_stats.metrics("rollout/", tool_names))
         return out
 
     # ------------------------------------------------------------------ eval and checkpoints
-    def evaluate(self, n_tasks: int | None = None) -> EvalReport | None:
-        """Held-out evaluation on the main process (others wait)."""
+    def check_tools(self) -> None:
+        """Every tool warm and answering (`Runtime.health_check`), on every process, before anything is measured.
+
+        Raises:
+            ToolError: A tool did not pass its check (the run stops with that one line).
+        """
+        self.run(self.rt.health_check())
+        self.acc.wait_for_everyone()
+
+    def warn_tools(self, stats: ToolStats, where: str) -> None:
+        """One warning line per tool that failed more than a fifth of its calls (main process)."""
+        if self.acc.is_main_process:
+            for line in stats.warnings(where):
+                print(f"[train] warning: {line}", file=sys.stderr, flush=True)
+
+    def evaluate(self, n_tasks: int | None = None, step: int = 0) -> EvalReport | None:
+        """Held-out evaluation on the main process (others wait); warns of tools that failed in it."""
         tc = self.cfg.trainer
         report = None
         heldout = balanced_subset(self.rt.tasks.heldout, n_tasks or tc.eval_tasks)
@@ -516,6 +553,7 @@ class Trainer:
                     samples=tc.eval_samples, params=params, seed=tc.evaluation_seed, rollout=self.cfg.rollout,
                 )  # fmt: skip
             )
+            self.warn_tools(report.tool_stats, f"in the evaluation at step {step}")
         self.acc.wait_for_everyone()
         return report
 
@@ -541,6 +579,7 @@ class Trainer:
         tc = self.cfg.trainer
         progress = _progress(self.cfg.logging.progress and self.acc.is_main_process)
         initial = None
+        self.check_tools()
         if self.start_step == 0 and tc.eval_every > 0:
             initial = self.evaluate()
             if initial and self.logger:
@@ -552,8 +591,9 @@ class Trainer:
                 for step in range(self.start_step, tc.steps):
                     metrics = self.train_step(step)
                     done = step + 1
+                    self.warn_tools(self.last_tool_stats, f"in step {done}")
                     if tc.eval_every > 0 and done % tc.eval_every == 0 and done < tc.steps:
-                        rep = self.evaluate()
+                        rep = self.evaluate(step=done)
                         if rep:
                             metrics.update(rep.as_metrics())
                     if self.logger:
@@ -564,10 +604,10 @@ class Trainer:
                     if done % tc.checkpoint_every == 0 or done == tc.steps:
                         self.save(done)
                     progress.update(task_id, advance=1, description=_describe(metrics))
-            final = self.evaluate()
+            final = self.evaluate(step=tc.steps)
             if final and self.logger:
                 self.logger.log(tc.steps, final.as_metrics())
-                (self.out / "eval.json").write_text(json.dumps(final.__dict__, indent=1, default=str))
+                (self.out / "eval.json").write_text(json.dumps(final.to_json(), indent=1, default=str))
         finally:
             self.close()
         return TrainResult(tc.steps, self.out, final, initial)

@@ -28,7 +28,7 @@ from agentenv.tools.browser.fetch import Fetcher, normalize_url
 from agentenv.tools.browser.page import Page, PageError
 from agentenv.tools.browser.select import select_passage
 from agentenv.tools.browser.summarize import PolicySummarizer, Summarizer
-from agentenv.types import ToolResult
+from agentenv.types import ToolErrorKind, ToolResult
 
 QUERY_FORMAT = (
     'Write <browse>URL | goal</browse>, e.g. <browse>https://en.wikipedia.org/wiki/Eiffel_Tower | '
@@ -40,6 +40,22 @@ _INLINE_SELECT_CHARS = 50_000
 
 
 @dataclass(frozen=True)
+
+_PAGE_ERROR_KINDS: dict[str, ToolErrorKind] = {
+    "timeout": "timeout",
+    "bad_query": "refused",
+    "bad_url": "refused",
+    "blocked": "refused",
+    "unsupported_type": "agent",  # the page exists; the agent chose one the browser cannot read
+    "empty": "agent",
+    "too_large": "agent",
+}
+
+
+def page_error_kind(reason: str) -> ToolErrorKind:
+    """The `ToolResult.kind` of a page that could not be read: what the agent asked for, or the network."""
+    return _PAGE_ERROR_KINDS.get(reason, "http")
+
 class Digest:
     """One page read for a goal.
 
@@ -134,7 +150,7 @@ class BrowserTool:
             url, goal = parse_query(query)
         except PageError as e:
             return ToolResult(text="", ok=False, error=str(e), latency_s=time.perf_counter() - t0,
-                              metadata={"reason": e.reason})
+                              metadata={"reason": e.reason}, kind=page_error_kind(e.reason))
         return await self.browse(url, goal)
 
     async def browse(self, url: str, goal: str = "") -> ToolResult:
@@ -145,7 +161,7 @@ class BrowserTool:
         except PageError as e:
             return ToolResult(
                 text="", ok=False, error=str(e), latency_s=time.perf_counter() - t0,
-                metadata={"url": url, "reason": e.reason},
+                metadata={"url": url, "reason": e.reason}, kind=page_error_kind(e.reason),
             )
         return ToolResult(text=format_page(d.page, d.body), latency_s=time.perf_counter() - t0, metadata=d.metadata)
 

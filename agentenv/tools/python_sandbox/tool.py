@@ -11,7 +11,7 @@ from typing import Any
 from agentenv.loader import build_dataclass
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig
 from agentenv.tools.python_sandbox.pool import ExecResult, SandboxPool, SandboxSession, SessionLost
-from agentenv.types import ToolResult
+from agentenv.types import ToolErrorKind, ToolResult
 
 _FRESH = "a fresh session starts with the next call, so define your variables again"
 _FENCE = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
@@ -32,8 +32,10 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
         r = ExecResult(error=f"the sandbox gave no result ({type(r).__name__})")
     r = r.checked()
     reason = None
+    kind: ToolErrorKind = "agent"  # the code ran and failed on its own, unless a branch below says otherwise
     note = None  # a line for the model when the reason is not already in stderr
     if r.timed_out:
+        kind = "timeout"
         reason = f"timeout after {cfg.timeout_s:g} s"
         note = f"TimeoutError: the code ran longer than {cfg.timeout_s:g} s and was stopped"
         if r.session_lost:  # the model must learn both: its variables are gone too
@@ -46,7 +48,7 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
         reason = f"out of memory (limit {cfg.memory_mb} MiB)"
         note = f"MemoryError: the code used more than {cfg.memory_mb} MiB and was killed"
     elif r.session_lost:
-        reason = "session lost"
+        reason, kind = "session lost", "sandbox"
         note = f"SessionError: {r.error or reason}; {_FRESH}"
     elif r.signal is not None:
         reason = f"killed by {_signal_name(r.signal)}"
@@ -54,7 +56,7 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
     elif r.error:
         reason = r.error
         if r.exit_code is None:  # the runner could not run it at all: nothing in stderr says why
-            note = r.error
+            note, kind = r.error, "sandbox"
     elif r.exit_code not in (0, None):
         reason = f"exit status {r.exit_code}"
     parts = [p for p in (r.stdout, r.stderr) if p]
@@ -68,6 +70,7 @@ def to_tool_result(r: ExecResult, cfg: PythonSandboxConfig, latency_s: float = 0
         ok=reason is None,
         error=reason,
         latency_s=latency_s,
+        kind=kind if reason is not None else None,
         metadata={
             "exit_code": r.exit_code,
             "signal": r.signal,
@@ -131,10 +134,10 @@ class PythonTool:
         code = clean_code(query)
         n = len(code.encode("utf-8", "surrogatepass"))
         if not code.strip():
-            return ToolResult(text="Error: no code to run", ok=False, error="empty code")
+            return ToolResult(text="Error: no code to run", ok=False, error="empty code", kind="refused")
         if n > self.config.max_code_bytes:
             why = f"code too large: {n} bytes > limit {self.config.max_code_bytes} bytes"
-            return ToolResult(text=f"Error: {why}", ok=False, error=why)
+            return ToolResult(text=f"Error: {why}", ok=False, error=why, kind="refused")
         if self.config.mode == "stateless":
             r = await self.pool.run(code)
         else:
@@ -151,7 +154,7 @@ class PythonTool:
             r = await self._session.run(code)
         except SessionLost as e:
             self._session = None
-            return ToolResult(text=f"SessionError: {e}; {_FRESH}", ok=False, error="session lost")
+            return ToolResult(text=f"SessionError: {e}; {_FRESH}", ok=False, error="session lost", kind="sandbox")
         if r.session_lost:
             self._session = None
         return r

@@ -260,6 +260,12 @@ class CachedSearchTool:
         ours["search/cache_coalesced"] = self._shared["coalesced"]
         return {**inner, **ours}
 
+    async def health_check(self) -> None:
+        """The wrapped tool's check, past the cache (a cached answer proves nothing about the provider)."""
+        check = getattr(self.tool, "health_check", None)
+        if check is not None:
+            await check()
+
     def fork(self) -> "CachedSearchTool":
         return CachedSearchTool(self.tool.fork(), self.cache, self._shared)
 

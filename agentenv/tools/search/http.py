@@ -146,15 +146,16 @@ class HTTPSearchTool(abc.ABC):
         t0 = time.perf_counter()
         q = query.strip()
         if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.")
+            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.", kind="refused")
         if len(q) > MAX_QUERY_CHARS:
             return ToolResult(
-                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS})."
+                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).",
+                kind="refused",
             )
         try:
             hits = (await self._search(q))[: self.k]
         except _Rejected as e:
-            return ToolResult(text="", ok=False, error=str(e), latency_s=time.perf_counter() - t0)
+            return ToolResult(text="", ok=False, error=str(e), latency_s=time.perf_counter() - t0, kind="refused")
         except ToolError as e:
             if self.on_error == "raise" or isinstance(e, _Fatal):
                 raise
@@ -164,6 +165,7 @@ class HTTPSearchTool(abc.ABC):
                 error="Search is unavailable right now; try again later or answer without it.",
                 latency_s=time.perf_counter() - t0,
                 metadata={"provider": self.provider, "infra_error": str(e)},
+                kind="http",
             )
         text = format_pages(hits, self.max_chars, self.show_url) if hits else no_results_text(q)
         return ToolResult(

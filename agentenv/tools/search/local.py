@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from agentenv.errors import ToolError
 from agentenv.tools.search.format import (
     DEFAULT_K,
     DEFAULT_MAX_CHARS,
@@ -26,6 +27,18 @@ class Retriever(Protocol):
     """Anything that ranks a corpus for a query (sync CPU work)."""
 
     def search(self, query: str, k: int) -> list[Passage]: ...
+
+
+async def check_retriever(retriever: Retriever, query: str = "the") -> None:
+    """A retriever's health check: it answers a query without raising (no hit is still an answer).
+
+    Raises:
+        ToolError: The retriever raised (an index that cannot load, a model that cannot run).
+    """
+    try:
+        await asyncio.to_thread(retriever.search, query, 1)
+    except Exception as e:  # noqa: BLE001 - any failure of the index is an infrastructure fault
+        raise ToolError(f"the retriever ({type(retriever).__name__}) failed a query: {type(e).__name__}: {e}") from e
 
 
 class LocalSearchTool:
@@ -74,10 +87,11 @@ class LocalSearchTool:
         t0 = time.perf_counter()
         q = query.strip()
         if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.")
+            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.", kind="refused")
         if len(q) > MAX_QUERY_CHARS:
             return ToolResult(
-                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS})."
+                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).",
+                kind="refused",
             )
         hits = await asyncio.to_thread(self.retriever.search, q, self.k)
         text = format_pages(hits, self.max_chars) if hits else no_results_text(q)
@@ -86,6 +100,10 @@ class LocalSearchTool:
             latency_s=time.perf_counter() - t0,
             metadata={"provider": self.provider, "num_results": len(hits), "ids": [h.id for h in hits]},
         )
+
+    async def health_check(self) -> None:
+        """The retriever answers a query (it loads its index here, not in the first episode)."""
+        await check_retriever(self.retriever)
 
     def fork(self) -> "LocalSearchTool":
         return self

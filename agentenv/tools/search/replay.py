@@ -24,7 +24,7 @@ from pathlib import Path
 from agentenv.cache import build_once, cache_root
 from agentenv.errors import ToolError
 from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, SEARCH_DESCRIPTION, SEARCH_SCHEMA, no_results_text
-from agentenv.tools.search.local import MAX_QUERY_CHARS
+from agentenv.tools.search.local import MAX_QUERY_CHARS, check_retriever
 from agentenv.types import ToolResult
 
 _PAGE_RE = re.compile(r"^Page \d+: ", re.MULTILINE)
@@ -127,9 +127,9 @@ class ReplaySearchTool:
         t0 = time.perf_counter()
         q = query.strip()
         if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords to search for.")
+            return ToolResult(text="", ok=False, error="Empty search query: write keywords to search for.", kind="refused")
         if len(q) > MAX_QUERY_CHARS:
-            return ToolResult(text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).")
+            return ToolResult(text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).", kind="refused")
         recorded = self._recorded.get(normalize_query(q))
         if recorded:
             self.replayed += 1
@@ -143,6 +143,10 @@ class ReplaySearchTool:
             latency_s=time.perf_counter() - t0,
             metadata={"provider": "replay", "source": how, "num_results": min(len(snippets), self.k)},
         )
+
+    async def health_check(self) -> None:
+        """The retriever answers a query (it loads its index here, not in the first episode)."""
+        await check_retriever(self.retriever)
 
     def fork(self) -> "ReplaySearchTool":
         return self

@@ -79,7 +79,9 @@ class ReferencePythonTool:
         try:
             text = eval_print_arithmetic(query).rstrip("\n")
         except (ValueError, SyntaxError, RecursionError) as e:
-            return ToolResult(text="", ok=False, error=f"{type(e).__name__}: {e}", latency_s=time.perf_counter() - t0)
+            return ToolResult(
+                text="", ok=False, error=f"{type(e).__name__}: {e}", latency_s=time.perf_counter() - t0, kind="agent"
+            )
         return ToolResult(text=text, latency_s=time.perf_counter() - t0)
 
     def fork(self) -> "ReferencePythonTool":
