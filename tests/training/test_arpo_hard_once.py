@@ -10,12 +10,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_train_step_counts_each_shared_token_once(fast_overrides):
-    """A toy tree of the tiny model (α = 1: every probe branches), one step: the copies leave the loss."""
+    """A toy tree of the tiny model (α = 1, β = 0: every probe after a tool result branches), one step: the
+    copies leave the loss."""
     from agentenv.configs import config_from_dict
     from agentenv.training.trainer import Trainer
 
     cfg = config_from_dict({}, fast_overrides + [
         "algorithm.name=arpo", "algorithm.group_size=4", "algorithm.initial_rollouts=1", "algorithm.alpha=1.0",
+        "algorithm.beta=0.0",
         "algorithm.advantage=hard_once",
     ])  # fmt: skip
     trainer = Trainer(cfg)

@@ -54,7 +54,7 @@ def check_run(proc: subprocess.CompletedProcess, out: Path, log: Path) -> list[d
         assert r["rollout/failed"] == 0
         assert 0.0 <= r["rollout/reward"] <= 1.0  # the user's reward: never ARPO's -1
     calls = log.read_text().splitlines()
-    assert calls and all(c.startswith("print(") for c in calls), calls[:5]  # the user's tool answered the calls
+    assert calls, "the user's tool was never called"  # its log holds whatever the model sent, one call a line
     assert json.loads((out / "config.json").read_text())["env"]["tools"]
     return records
 
