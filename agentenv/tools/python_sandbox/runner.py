@@ -140,8 +140,13 @@ What this does not cover
   each session's share of /work; Docker 20.10 refuses their mount options.)
 - /proc shows every process's command line to every uid (hiding it needs
   CAP_SYS_ADMIN): code passed as an argument (`python3 -c CODE`) is visible
-  to other episodes while that program runs. Loopback ports and abstract
-  unix sockets are shared by the container.
+  to other episodes while that program runs.
+- Loopback ports and abstract unix sockets are names shared by the
+  container (a private network namespace per episode needs CAP_SYS_ADMIN):
+  an episode that listens on a port first receives the connections another
+  episode meant for a server of its own whose bind then failed.
+- No /dev/shm means no POSIX semaphores: `multiprocessing` pools and locks
+  raise PermissionError (threads work).
 """
 
 import ast
