@@ -186,6 +186,7 @@ CTRL_FLOOD = 64  # messages a session may send per call or fork it was given; on
 STANDBY_RETRY_S = 1.0  # how long a full /work is cleaned and retried before the runner gives up
 CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 IPC_RMID = 0
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 # ----------------------------------------------------------------------------
@@ -474,51 +475,64 @@ def remove_path(path):
 
 
 def remove_tree(path):
-    """Removes the directory `path` and everything below it, however deep: without recursion
-    (a tree 3,000 deep would pass Python's recursion limit) and through directory fds, one
-    level open at a time (a deep tree's paths pass PATH_MAX, and the fds their depth). The
-    walk back up checks each parent by device and inode, so a tree that changed under it
-    is left, never a directory outside it removed."""
-    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    fd, names, ids = top, [], []  # the directory open now; the names and (dev, ino) above it
+    """Removes the directory `path` and everything below it, however deep or wide: without
+    recursion (a tree 3,000 deep would pass Python's recursion limit), through directory fds
+    with one open at a time (a deep tree's paths pass PATH_MAX, and its depth the fd limit),
+    each directory listed once. The walk back up checks each parent by device and inode, so
+    a tree that changed under it is left, never a directory outside it removed."""
+    fd = os.open(path, DIR_FLAGS)
+    levels = []  # per directory above `fd`: its (dev, ino), its subdirectories left, the name of `fd`'s
     try:
+        subs = clear_dir(fd)
         while True:
-            sub = None
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        sub = sub or entry.name
-                    else:
-                        try:
-                            os.unlink(entry.name, dir_fd=fd)
-                        except OSError:
-                            pass
-            if sub is not None:
+            if subs:
+                name = subs.pop()
                 try:
-                    child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    os.rmdir(name, dir_fd=fd)  # an empty one goes without a descent
+                    continue
+                except OSError:
+                    pass
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
                 except OSError:
                     return
                 st = os.fstat(fd)
-                ids.append((st.st_dev, st.st_ino))
-                names.append(sub)
+                levels.append(((st.st_dev, st.st_ino), subs, name))
                 os.close(fd)
                 fd = child
+                subs = clear_dir(fd)
                 continue
-            if not names:  # `path` itself is empty now
+            if not levels:  # `path` itself is empty now
                 break
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            parent = os.open("..", DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = parent
+            ident, subs, name = levels.pop()
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != ids.pop():
+            if (st.st_dev, st.st_ino) != ident:
                 return  # moved under us: stop rather than walk somewhere else
             try:
-                os.rmdir(names.pop(), dir_fd=fd)
+                os.rmdir(name, dir_fd=fd)
             except OSError:
-                return  # not empty after all (something is still writing): the next pass retries
+                return  # not empty after all (something still writes there): the next pass retries
     finally:
         os.close(fd)
     os.rmdir(path)
+
+
+def clear_dir(fd):
+    """Unlinks every entry of directory `fd` but its subdirectories; returns their names."""
+    subs = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subs.append(entry.name)
+            else:
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    pass
+    return subs
 
 
 def close_shared_places(keep=(WORK,), most=20000):
