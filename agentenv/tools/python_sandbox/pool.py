@@ -561,7 +561,7 @@ class SandboxPool:
             raise ToolError(
                 f"the sandbox health check failed (`print(1)` in each container of image {self.config.image!r}): "
                 + "; ".join(bad)
-                + f"; check that the image runs python3 (`agentenv sandbox build`) and the limits in "
+                + "; check that the image runs python3 (`agentenv sandbox build`) and the limits in "
                 "python_sandbox (memory_mb, cpus, pids_limit) fit this machine"
             )
 
