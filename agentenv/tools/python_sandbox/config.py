@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -108,21 +109,9 @@ class PythonSandboxConfig:
             raise ConfigError(f"{_KEY}.image", f"must be a non-empty image name, got {self.image!r}")
         if self.mode not in ("stateless", "session"):
             raise ConfigError(f"{_KEY}.mode", f"must be 'stateless' or 'session', got {self.mode!r}")
-        _positive_int("pool_size", self.pool_size, lo=1, hi=256)
-        _positive_int("memory_mb", self.memory_mb, lo=64)
-        _positive_int("pids_limit", self.pids_limit, lo=8, hi=4096)
-        _positive_int("sessions_per_container", self.sessions_per_container, lo=1, hi=256)
-        _positive_int("workdir_size_mb", self.workdir_size_mb, lo=1)
-        _positive_int("output_head_bytes", self.output_head_bytes, lo=0)
-        _positive_int("output_tail_bytes", self.output_tail_bytes, lo=0)
-        _positive_int("max_code_bytes", self.max_code_bytes, lo=1)
-        for key in ("timeout_s", "pull_timeout_s", "start_timeout_s", "docker_timeout_s", "cpus"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{_KEY}.{key}", f"must be a number > 0, got {value!r}")
-        if not isinstance(self.address_space_factor, (int, float)) or not (
-            self.address_space_factor == 0 or self.address_space_factor >= 1
-        ):
+        for key, (lo, hi, integer) in _RANGES.items():
+            check_range(f"{_KEY}.{key}", getattr(self, key), lo, hi, integer=integer)
+        if self.address_space_factor != 0 and self.address_space_factor < 1:
             raise ConfigError(
                 f"{_KEY}.address_space_factor", f"must be 0 (off) or >= 1, got {self.address_space_factor!r}"
             )
@@ -161,7 +150,41 @@ class PythonSandboxConfig:
         return self.pids_limit * (self.sessions_per_container + 2) + 16
 
 
-def _positive_int(key: str, value: object, *, lo: int, hi: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{_KEY}.{key}", f"must be an int {bound}, got {value!r}")
+# key -> (lowest, highest, int?): every number of the config has a finite range, so a value
+# such as 1e12 CPUs or an infinite timeout is refused here, not by Docker or the runner later.
+_DAY_S = 86400.0
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "pool_size": (1, 256, True),
+    "memory_mb": (64, 1 << 22, True),
+    "pids_limit": (8, 4096, True),
+    "sessions_per_container": (1, 256, True),
+    "workdir_size_mb": (1, 1 << 22, True),
+    "output_head_bytes": (0, 1 << 30, True),
+    "output_tail_bytes": (0, 1 << 30, True),
+    "output_limit_bytes": (1, 1 << 40, True),
+    "max_code_bytes": (1, 1 << 30, True),
+    "timeout_s": (0.001, _DAY_S, False),
+    "pull_timeout_s": (0.001, _DAY_S, False),
+    "start_timeout_s": (0.001, _DAY_S, False),
+    "docker_timeout_s": (1.0, _DAY_S, False),
+    "cpus": (0.01, 1024, False),
+    "address_space_factor": (0, 1024, False),
+}
+
+
+def check_range(key: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
+    """Raises a ConfigError naming `key` and `value` unless `value` is a finite number (an int if
+    `integer`) in [lo, hi]. NaN and infinity fail it: they pass the comparisons they should fail."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "an int" if integer else "a finite number"
+        raise ConfigError(key, f"must be {kind} in [{lo:g}, {hi:g}], got {value!r}")
+
+
+def call_timeout(timeout_s: float | None, cfg: PythonSandboxConfig) -> float:
+    """One call's timeout: `timeout_s` (checked like the config's) or the config's `timeout_s`."""
+    if timeout_s is None:
+        return float(cfg.timeout_s)
+    lo, hi, _ = _RANGES["timeout_s"]
+    check_range("timeout_s", timeout_s, lo, hi)
+    return float(timeout_s)

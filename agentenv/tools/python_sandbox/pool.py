@@ -10,8 +10,8 @@ under a uid of its own, forked from a clean template, and nothing of it
 outlives its call; `runner.py`'s docstring holds the threat model and how each
 boundary is enforced. The host's side of it: containers run the runner as root
 with six capabilities under no-new-privileges, no network, a read-only root,
-a private /work (0711) with a bounded number of files, IPC-namespace limits on
-SysV and POSIX IPC memory, a pids limit sized for `sessions_per_container`
+a private /work (0711) with a bounded number of files, no SysV IPC and no POSIX
+queues (IPC-namespace sysctls at 0), a pids limit sized for `sessions_per_container`
 episodes of `pids_limit` processes each, and a capped Docker log. Nothing that
 comes out of a container is trusted: every reply is type-checked
 (`ExecResult.from_reply`) and a wrong value becomes an error result.
@@ -51,7 +51,7 @@ from typing import Any
 from agentenv._reaper import reap_containers_on_exit
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import SETUP_HINT, docker_client, require_image
-from agentenv.tools.python_sandbox.config import PythonSandboxConfig
+from agentenv.tools.python_sandbox.config import PythonSandboxConfig, call_timeout
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,14 @@ _OPEN_S = 5.0  # an open or fork answers in milliseconds; past this the runner i
 # What the runner keeps of root: chown/search/remove episode directories, kill any uid, switch uids.
 RUNNER_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID")
 _WORK_INODES = 16384  # files in /work: removing a call's directory never stalls the runner long
-# IPC-namespace limits: SysV segments, queues and POSIX queues are memory no call may hoard.
+# No SysV IPC and no POSIX message queues: their keys and names are one namespace shared by every
+# episode of a container (one could create key 1234 with mode 0666 before another asks for it), and
+# nothing but CAP_SYS_ADMIN could give an episode a namespace of its own.
 _IPC_SYSCTLS = {
-    "kernel.shmmax": str(16 << 20),
-    "kernel.shmall": str((16 << 20) // 4096),
-    "kernel.shmmni": "64",
-    "kernel.msgmni": "32",
-    "fs.mqueue.queues_max": "64",
+    "kernel.shmmni": "0",
+    "kernel.msgmni": "0",
+    "kernel.sem": "0 0 0 0",
+    "fs.mqueue.queues_max": "0",
 }
 _LOG_CONFIG = {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}}
 
@@ -169,6 +170,15 @@ def _valid(value: Any, kind: str) -> bool:
     if kind == "float":
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     return False
+
+
+def _failure(r: ExecResult) -> str:
+    """One line saying why a call that should have printed 1 did not."""
+    if r.error:
+        return r.error
+    if r.stderr.strip():
+        return r.stderr.strip().splitlines()[-1][:300]
+    return f"exit {r.exit_code}, signal {r.signal}, printed {r.stdout[:100]!r}"
 
 
 class SessionLost(Exception):
@@ -376,13 +386,14 @@ class SandboxPool:
         self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
         self._changed: asyncio.Event | None = None  # set (and renewed) when a slot or container frees up
         self._start_lock: asyncio.Lock | None = None
+        self._closing: asyncio.Event | None = None  # set by a close: replacements stop retrying
         self._started = False
         self._closed = False
         self._broken: ToolError | None = None  # the last failure to start a container
         self._container_ids: set[str] = set()
         self._owner = _owner_id()
         self._runner_src = runner_source()
-        self._replacing = 0
+        self._replacing: set[asyncio.Task] = set()  # replacements in flight
         _LIVE_POOLS.add(self)
 
     @property
@@ -404,12 +415,20 @@ class SandboxPool:
 
     async def run(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Runs `code` in a fresh process under a fresh uid (stateless), in either mode."""
-        timeout = float(timeout_s or self.config.timeout_s)
+        timeout = call_timeout(timeout_s, self.config)
         return await self._call(self._run_stateless(code, timeout))
 
     async def open_session(self) -> "SandboxSession":
         """A new empty session on the container that holds the fewest."""
         return await self._call(self._open_session())
+
+    async def health_check(self) -> None:
+        """Starts the pool if needed and runs `print(1)` in every one of its containers.
+
+        Raises:
+            ToolError: the pool cannot start, or a container did not print 1 (each is named, with why).
+        """
+        await self._call(self._health_check())
 
     async def aclose(self) -> None:
         """Removes this pool's containers and stops its I/O thread."""
@@ -495,29 +514,56 @@ class SandboxPool:
             self._start_lock = asyncio.Lock()
             self._idle = asyncio.LifoQueue()  # the container used last is the warmest
             self._changed = asyncio.Event()
+            self._closing = asyncio.Event()
         async with self._start_lock:
             if self._started:
                 return
-            cfg = self.config
-            self._client = await self._blocking(docker_client, cfg.docker_timeout_s)
-            await self._blocking(require_image, self._client, cfg.image)
-            await self._blocking(self._remove_orphans)
-            # Ours go with this process even if it is SIGKILLed (not only at the next start).
-            await self._blocking(reap_containers_on_exit, f"{cfg.label}.owner={self._owner}")
-            channels = await asyncio.gather(
-                *(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True
-            )
-            errors = [c for c in channels if isinstance(c, BaseException)]
-            if errors:
-                for ch in channels:
-                    if isinstance(ch, _Channel):
-                        ch.fail_all("the sandbox pool failed to start")
-                await self._blocking(self._remove_containers_blocking)
-                err = errors[0]
-                raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
-            for ch in channels:
-                self._add(ch)
+            try:
+                await self._start_containers()
+            except ToolError:
+                raise
+            except Exception as e:  # a Docker API error, a timeout: one line that says so, never a bare traceback
+                raise ToolError(f"the sandbox pool could not start: {type(e).__name__}: {e}; {SETUP_HINT}") from e
             self._started = True
+
+    async def _start_containers(self) -> None:
+        """Connects to Docker, checks the image, starts `pool_size` containers (all or none)."""
+        cfg = self.config
+        self._client = await self._blocking(docker_client, cfg.docker_timeout_s)
+        await self._blocking(require_image, self._client, cfg.image)
+        await self._blocking(self._remove_orphans)
+        # Ours go with this process even if it is SIGKILLed (not only at the next start).
+        await self._blocking(reap_containers_on_exit, f"{cfg.label}.owner={self._owner}")
+        channels = await asyncio.gather(
+            *(self._new_channel() for _ in range(cfg.pool_size)), return_exceptions=True
+        )
+        errors = [c for c in channels if isinstance(c, BaseException)]
+        if errors:
+            for ch in channels:
+                if isinstance(ch, _Channel):
+                    ch.fail_all("the sandbox pool failed to start")
+            await self._blocking(self._remove_containers_blocking)
+            err = errors[0]
+            raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
+        for ch in channels:
+            self._add(ch)
+
+    async def _health_check(self) -> None:
+        await self._start()
+        live = [c for c in self._channels if not c.closed]
+        timeout = self.config.timeout_s
+        results = await asyncio.gather(*(self._exec(ch, self._run_msg("print(1)", timeout), timeout) for ch in live))
+        bad = [f"container {r.container}: {_failure(r)}" for r in results if not (r.ok and r.stdout == "1\n")]
+        if len(live) < self.config.pool_size:
+            why = f" ({self._broken})" if self._broken is not None else ""
+            bad.append(f"{self.config.pool_size - len(live)} of {self.config.pool_size} containers are not running{why}")
+        if bad:
+            raise ToolError(
+                f"the sandbox health check failed (`print(1)` in each container of image {self.config.image!r}): "
+                + "; ".join(bad)
+                + "; check that the image runs python3 (`agentenv sandbox build`) and the limits in "
+                "python_sandbox (memory_mb, cpus, pids_limit) fit this machine"
+            )
 
     def _add(self, ch: _Channel) -> None:
         ch.on_close = self._on_channel_closed
@@ -596,6 +642,9 @@ class SandboxPool:
         except Exception:
             self._remove_blocking(cid)
             raise
+        if self._closed:  # closed while we created it, maybe after its removal pass took the ids
+            self._remove_blocking(cid)
+            raise ToolError("the sandbox pool is closed")
         return cid, keep, sock
 
     async def _new_channel(self) -> _Channel:
@@ -637,33 +686,32 @@ class SandboxPool:
         loop.run_in_executor(None, self._remove_blocking, ch.id)
         if self._closed:
             return
-        self._replacing += 1
-        loop.create_task(self._replace_later())
+        task = loop.create_task(self._replace_later())
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
 
     async def _replace_later(self) -> None:
         delay = 0.5
-        try:
-            while not self._closed:
-                try:
-                    ch = await self._new_channel()
-                except Exception as e:
-                    self._broken = e if isinstance(e, ToolError) else ToolError(f"sandbox container failed to start: {e}")
-                    log.warning("could not replace a sandbox container (retrying in %.1f s): %s", delay, e)
-                    if self._idle is not None:
-                        self._idle.put_nowait(None)  # wake stateless waiters so they can raise
-                    self._notify()
-                    await asyncio.sleep(delay)
-                    delay = min(2 * delay, 30.0)
-                    continue
-                if self._closed:
-                    ch.fail_all("the sandbox pool is closed")
-                    await self._blocking(self._remove_blocking, ch.id)
-                    return
-                self._broken = None
-                self._add(ch)
+        while not self._closed:
+            try:
+                ch = await self._new_channel()
+            except Exception as e:
+                self._broken = e if isinstance(e, ToolError) else ToolError(f"sandbox container failed to start: {e}")
+                log.warning("could not replace a sandbox container (retrying in %.1f s): %s", delay, e)
+                if self._idle is not None:
+                    self._idle.put_nowait(None)  # wake stateless waiters so they can raise
+                self._notify()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), delay)  # a close ends the wait
+                delay = min(2 * delay, 30.0)
+                continue
+            if self._closed:
+                ch.fail_all("the sandbox pool is closed")
+                await self._blocking(self._remove_blocking, ch.id)
                 return
-        finally:
-            self._replacing -= 1
+            self._broken = None
+            self._add(ch)
+            return
 
     def _no_container(self) -> ToolError | None:
         """The error to raise when no live container is left and the last start failed."""
@@ -807,7 +855,11 @@ class SandboxPool:
             self._idle.put_nowait(None)
             self._broken = self._broken or ToolError("the sandbox pool is closed")
         self._notify()
+        if self._closing is not None:
+            self._closing.set()
         await self._blocking(self._remove_containers_blocking)
+        if self._replacing:  # a container one was creating removes itself, seeing _closed: wait for it
+            await asyncio.wait(list(self._replacing), timeout=self.config.docker_timeout_s)
 
     def _remove_blocking(self, cid: str) -> None:
         client = self._client
@@ -869,7 +921,7 @@ class SandboxSession:
         if self.closed:
             raise SessionLost("the session is closed")
         ch = self.channel
-        timeout = float(timeout_s or self.pool.config.timeout_s)
+        timeout = call_timeout(timeout_s, self.pool.config)
         fut = self.pool._send(ch, self.pool._run_msg(code, timeout, self.sid))
         # A fork that has not happened yet delays the first call; allow for the parent's call too.
         budget = timeout + (self.pool.config.timeout_s if self._created is not None else 0.0)

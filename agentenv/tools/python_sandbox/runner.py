@@ -49,9 +49,31 @@ How each boundary is enforced
 - Directories (1). /work is root's with mode 0711 (no listing); each episode
   works in /work/<name>, owned by its uid, mode 0700, which is also HOME and
   TMPDIR. The cwd is not on sys.path (`-I`), so nothing in a directory is
-  imported by name. User code runs with umask 077, and /dev/shm and
-  /dev/mqueue are sticky: nobody removes or renames another's entry, and
-  reading one needs a mode its creator chose to give.
+  imported by name. User code runs with umask 077.
+- No shared place (1). A name that every episode can make is a channel even
+  when each entry is private: one episode makes it first, world-writable (a
+  file, a link, a directory), and another writes into it. So /work/<name> is
+  the only place an episode can make a name. Every shared filesystem place
+  of the container, and how it is kept from user code:
+    /               read-only (the host mounts the image read-only), and with
+                    it /tmp, /var/tmp, /run, /run/lock and every other
+                    directory of the image;
+    /dev/shm        a tmpfs the runner makes root's 1755 at start: no POSIX
+                    shared memory or semaphores (shm_open, sem_open) for user
+                    code;
+    /dev/mqueue     the same, 0755: no POSIX message queue can be created (and
+                    the host sets fs.mqueue.queues_max = 0);
+    /dev, /dev/pts  root's 0755 tmpfs and devpts: only the device nodes
+                    (/dev/null, /dev/ptmx, ...) are writable, and they store
+                    nothing;
+    /etc/hosts, /etc/hostname, /etc/resolv.conf  read-only bind mounts;
+    /proc, /sys     no entry can be made.
+  At start the runner takes group and other write off every directory and
+  file on each writable mount but /work (`close_shared_places`), so an image
+  that ships a world-writable place on one still has none. SysV keys are one
+  namespace too: the host sets kernel.shmmni, msgmni and sem to 0, so no SysV
+  segment, queue or semaphore exists (a private IPC namespace per episode
+  would need CAP_SYS_ADMIN).
 - A clean template (1). The runner holds every request and every output, so
   no process that runs user code is forked from it. The *zygote* is forked
   from the runner right after warm-up, before the first request; it only
@@ -65,7 +87,13 @@ How each boundary is enforced
   segments are removed before the reply (a segment a dying process still
   holds is waited for); its directory, /dev/shm and /dev/mqueue entries and
   other SysV objects right after; every pass removes those of any uid no
-  call or session holds.
+  call or session holds (none can exist, see above: a second lock).
+  Removal cannot be starved or recursed: what nothing holds is removed
+  before the next call's directory is made (a call that filled /work or its
+  inodes leaves room for the next), trees are removed without recursion and
+  through directory fds (any depth, any path length), and if /work stays
+  full while nothing holds it the runner exits, so the host replaces the
+  container like a dead one.
 - Sessions (3). A head process holds the variables; each cell runs in a fork
   of the head (a cell that is killed leaves the state as it was), and the
   fork becomes the head when the cell ends: if the cell left threads, a
@@ -84,12 +112,20 @@ How each boundary is enforced
   SO_PASSCRED), checks every field's type, and lets a message speak only for
   its own session: "done" makes its sender the head (and stops it), "died"
   counts only from the head. A cell that forges "done" answers its own call
-  early and is frozen with the rest of it killed.
+  early and is frozen with the rest of it killed. The runner reads at most
+  CTRL_BATCH messages from a socket per wake-up, so a flood cannot hold the
+  loop from the other sessions or the host's ping, and a session that sends
+  more than CTRL_FLOOD messages for one call (a call needs one or two) is
+  ended: the flooder loses its session, its neighbours lose nothing.
+- Numbers from the host (5). A call's timeout is clamped to a day (an
+  infinite one would overflow select()); the loop wakes at least every
+  MAX_WAIT_S.
 - Shared resources (6). The per-uid process limit (the container's pids
-  limit is sized for `nproc` times the episodes it holds), SysV shared
-  memory and message queues capped by the container's IPC-namespace
-  sysctls, /dev/shm's size, RLIMIT_AS per process; user code runs at nice 5
-  so the runner keeps CPU to enforce deadlines under a CPU hog.
+  limit is sized for `nproc` times the episodes it holds), no SysV or POSIX
+  IPC, RLIMIT_AS per process; user code runs at nice 5 so the runner keeps
+  CPU to enforce deadlines under a CPU hog. /work's bytes and inodes are
+  capped per container (its tmpfs): a stateless container runs one call at a
+  time, so that is the call's budget, cleaned before the next call.
 
 What this does not cover
 ------------------------
@@ -99,12 +135,18 @@ What this does not cover
   leave a channel into every fork (an inherited fd, shared memory), so a
   session and its forks (the branches of one episode) are one trust domain.
 - Episodes in one container share its CPU, memory (the OOM killer takes
-  the largest process), /work and /dev/shm space: one can slow another or
-  make its writes fail, never read or change it.
+  the largest process) and /work's space: one can slow another or make its
+  writes fail, never read or change it. (Per-uid tmpfs quotas would bound
+  each session's share of /work; Docker 20.10 refuses their mount options.)
 - /proc shows every process's command line to every uid (hiding it needs
   CAP_SYS_ADMIN): code passed as an argument (`python3 -c CODE`) is visible
-  to other episodes while that program runs. Loopback ports and abstract
-  unix sockets are shared by the container.
+  to other episodes while that program runs.
+- Loopback ports and abstract unix sockets are names shared by the
+  container (a private network namespace per episode needs CAP_SYS_ADMIN):
+  an episode that listens on a port first receives the connections another
+  episode meant for a server of its own whose bind then failed.
+- No /dev/shm means no POSIX semaphores: `multiprocessing` pools and locks
+  raise PermissionError (threads work).
 """
 
 import ast
@@ -122,6 +164,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -136,8 +179,14 @@ STATUS_MAX = 1 << 16  # a call's status line is small; more is a flood, not a st
 HANDED_OVER = 86  # a cell's exit status when a single-threaded fork of it became the head
 RECOVER_S = 1.5  # a session whose cell was killed must report within this, or it is lost
 FORK_S = 30.0  # a session fork (it copies the files) must report within this
+MAX_CALL_S = 86400.0  # the longest timeout a call may have (the host's config allows no more)
+MAX_WAIT_S = 60.0  # the loop wakes at least this often
+CTRL_BATCH = 8  # messages read from one session's control socket per wake-up: the others get their turn
+CTRL_FLOOD = 64  # messages a session may send per call or fork it was given; one more ends the session
+STANDBY_RETRY_S = 1.0  # how long a full /work is cleaned and retried before the runner gives up
 CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 IPC_RMID = 0
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 # ----------------------------------------------------------------------------
@@ -408,20 +457,115 @@ def drop_sysv(uid, wait_s=0.5):
 def make_dir(name, uid):
     """/work/<name>, owned by `uid`, mode 0700: no other uid lists, reads or writes it."""
     path = os.path.join(WORK, name)
-    shutil.rmtree(path, ignore_errors=True)
+    remove_path(path)
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
 
 
 def remove_path(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
+    """Removes a file, a link or a whole tree (never following a link); errors are ignored."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            remove_tree(path)
+        else:
             os.unlink(path)
-        except OSError:
-            pass
+    except OSError:
+        pass
+
+
+def remove_tree(path):
+    """Removes the directory `path` and everything below it, however deep or wide: without
+    recursion (a tree 3,000 deep would pass Python's recursion limit), through directory fds
+    with one open at a time (a deep tree's paths pass PATH_MAX, and its depth the fd limit),
+    each directory listed once. The walk back up checks each parent by device and inode, so
+    a tree that changed under it is left, never a directory outside it removed."""
+    fd = os.open(path, DIR_FLAGS)
+    levels = []  # per directory above `fd`: its (dev, ino), its subdirectories left, the name of `fd`'s
+    try:
+        subs = clear_dir(fd)
+        while True:
+            if subs:
+                name = subs.pop()
+                try:
+                    os.rmdir(name, dir_fd=fd)  # an empty one goes without a descent
+                    continue
+                except OSError:
+                    pass
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    return
+                st = os.fstat(fd)
+                levels.append(((st.st_dev, st.st_ino), subs, name))
+                os.close(fd)
+                fd = child
+                subs = clear_dir(fd)
+                continue
+            if not levels:  # `path` itself is empty now
+                break
+            parent = os.open("..", DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            ident, subs, name = levels.pop()
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != ident:
+                return  # moved under us: stop rather than walk somewhere else
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError:
+                return  # not empty after all (something still writes there): the next pass retries
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+
+
+def clear_dir(fd):
+    """Unlinks every entry of directory `fd` but its subdirectories; returns their names."""
+    subs = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subs.append(entry.name)
+            else:
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    pass
+    return subs
+
+
+def close_shared_places(keep=(WORK,), most=20000):
+    """Takes group and other write off every directory and regular file of the container's
+    writable mounts but `keep` (and /proc, /sys): names there are shared by every episode
+    (/dev/shm, /dev/mqueue, a /tmp), so one episode could plant a file, a link or a
+    world-writable directory where another writes. Returns the paths it changed."""
+    changed = []
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+    points = set()
+    for m in mounts:
+        point = m[4].encode().decode("unicode_escape")  # mountinfo writes a space as \040
+        if "rw" in m[5].split(",") and point != "/" and not point.startswith(("/proc", "/sys")):
+            points.add(point)
+    seen = 0
+    for point in sorted(points):
+        if any(point == k or point.startswith(k + "/") for k in keep):
+            continue
+        for root, dirs, files in os.walk(point):
+            dirs[:] = [d for d in dirs if os.path.join(root, d) not in keep]
+            for path in [root] + [os.path.join(root, name) for name in files]:
+                seen += 1
+                try:
+                    st = os.lstat(path)
+                    if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and st.st_mode & 0o022:
+                        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
+                        changed.append(path)
+                except OSError:
+                    pass
+            if seen > most:
+                return changed
+    return changed
 
 
 def reap(wake_fd):
@@ -802,7 +946,7 @@ class Run:
         self.sid = sid
         self.uid = uid
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + float(req.get("timeout", 10.0))
+        self.deadline = self.t0 + call_timeout(req.get("timeout"))
         self.limit = int(limits.get("output_limit", 16 << 20))
         self.out = Capture(int(limits.get("head", 4096)), int(limits.get("tail", 4096)))
         self.err = Capture(int(limits.get("head", 4096)), int(limits.get("tail", 4096)))
@@ -873,6 +1017,7 @@ class Session:
         self.theirs = None  # for a session being forked: the head's end of `ctrl`, not yet sent
         self.reply_to = None  # the `open`/`fork` request answered once the head exists
         self.deadline = None  # of a fork in flight
+        self.messages = 0  # control messages read since the last call or fork was sent
         family.members.add(self)
 
 
@@ -901,7 +1046,7 @@ class Runner:
         self.sel.register(0, selectors.EVENT_READ, ("stdin", None))
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.sel.register(zsock.fileno(), selectors.EVENT_READ, ("zygote", None))
-        self.make_standby()
+        self.ensure_standby()
 
     # -- output to the host -------------------------------------------------
 
@@ -956,7 +1101,8 @@ class Runner:
         times = [r.deadline for r in self.runs() if r.killed is None]
         times += [r.kill_time + RECOVER_S for r in self.runs() if r.kill_time is not None and r.sid is not None]
         times += [s.deadline for s in self.sessions.values() if s.deadline is not None]
-        return max(0.0, min(times) - now) if times else None
+        # Bounded: select() raises OverflowError past ~2^31 ms, and a deadline is at most a day.
+        return min(max(0.0, min(times) - now), MAX_WAIT_S) if times else MAX_WAIT_S
 
     def runs(self):
         return list(self.jobs.values()) + [s.cell for s in self.sessions.values() if s.cell is not None]
@@ -979,10 +1125,10 @@ class Runner:
             if line.strip():
                 self.handle(line)
 
-    def shutdown(self):
+    def shutdown(self, code=0):
         for s in list(self.sessions.values()):
             self.kill_session(s)
-        os._exit(0)
+        os._exit(code)
 
     def handle(self, line):
         try:
@@ -1204,6 +1350,32 @@ class Runner:
         for fd in (req_r, out_w, err_w, status_w):
             os.close(fd)
 
+    def ensure_standby(self):
+        """Makes sure the next stateless call has its process; None, or why it cannot.
+
+        No room in /work is retried, once the processes of the calls that filled it have
+        died (their open files hold space until then) and what nothing holds is removed.
+        If /work stays full with no session or call holding any of it, nothing ever will
+        free it: the runner exits, and the host replaces the container as a dead one."""
+        end = time.monotonic() + STANDBY_RETRY_S
+        while True:
+            try:
+                self.make_standby()
+                return None
+            except OSError as e:
+                why = "no room for the call in /work (%s)" % e
+            if self.sessions or self.jobs:
+                return why  # a session holds the space: its calls fail, its neighbours' run on
+            if time.monotonic() > end:
+                self.give_up(why)
+            time.sleep(0.02)
+            self.tidy()
+            self.clean_shared()
+
+    def give_up(self, why):
+        print("runner: unrecoverable: %s; exiting so that the host replaces this container" % why, file=sys.stderr)
+        self.shutdown(1)
+
     def drop_standby(self):
         sb, self.standby = self.standby, None
         if sb is None:
@@ -1214,7 +1386,10 @@ class Runner:
         remove_path(sb.dir)
 
     def start_job(self, req):
-        self.make_standby()
+        why = self.ensure_standby()
+        if why is not None:
+            self.fail(req["id"], why)
+            return
         sb, self.standby = self.standby, None
         run = Run(req, None, sb.uid)
         run.dir = sb.dir
@@ -1269,8 +1444,9 @@ class Runner:
         drop_sysv(run.uid)
         self.drain(run)
         self.send(run.reply(exit_code, sig, error))
-        self.make_standby()  # the zygote forks the next call's process while the host reads this reply
+        # Clean first: the call may have filled /work, and the next call's directory needs room.
         self.clean_shared()
+        self.ensure_standby()  # the zygote forks the next call's process while the host reads this reply
 
     # -- sessions -------------------------------------------------------------
 
@@ -1313,6 +1489,7 @@ class Runner:
             return
         req = s.queue.pop(0)
         s.state = "busy"
+        s.messages = 0
         if req["op"] == "run":
             run = Run(req, s.sid, s.family.uid)
             out_r, out_w = os.pipe()
@@ -1371,7 +1548,12 @@ class Runner:
         return None
 
     def on_ctrl(self, s):
-        while s.state != "lost" and self.sessions.get(s.sid) is s:
+        """Reads at most CTRL_BATCH messages (the selector calls again while more wait), so a
+        session that floods its socket cannot hold the loop; one that sends more than a call
+        ever needs is ended."""
+        for _ in range(CTRL_BATCH):
+            if s.state == "lost" or self.sessions.get(s.sid) is not s:
+                return
             try:
                 data, anc, _, _ = s.ctrl.recvmsg(MSG_MAX, socket.CMSG_SPACE(CRED.size))
             except BlockingIOError:
@@ -1380,6 +1562,10 @@ class Runner:
                 data = b""
             if not data:
                 self.lose_session(s, "session lost: its process died")
+                return
+            s.messages += 1
+            if s.messages > CTRL_FLOOD:
+                self.lose_session(s, "session lost: it flooded its control socket")
                 return
             pid = uid = None
             for level, kind, payload in anc:
@@ -1583,6 +1769,13 @@ class Runner:
             self.head_exited(pid)
 
 
+def call_timeout(value, default=10.0):
+    """A call's timeout in seconds: the host's number if finite and positive, at most a day."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return default
+    return min(float(value), MAX_CALL_S)  # inf becomes a day; nan failed `> 0`
+
+
 def valid_sid(sid):
     return isinstance(sid, str) and 0 < len(sid) <= 64 and sid.isascii() and sid.isalnum()
 
@@ -1635,6 +1828,7 @@ def main(argv):
             pass
     os.makedirs(WORK, exist_ok=True)
     os.chmod(WORK, 0o711)  # others may enter their own directory, never list them
+    close_shared_places()  # /work/<name> is the only place an episode may make a name
     os.chdir(WORK)
     warm_up(opts.get("warmup"))
     # Forked calls share these pages; frozen objects are never scanned by a

@@ -159,6 +159,14 @@ class PythonTool:
             self._session = None
         return r
 
+    async def health_check(self) -> None:
+        """Runs `print(1)` in every container of the pool (started if needed).
+
+        Raises:
+            ToolError: a container did not print 1, or the pool cannot start; the message names why.
+        """
+        await self.pool.health_check()
+
     def fork(self) -> "PythonTool":
         """An independent copy: shares the pool, copies the session's variables."""
         twin = PythonTool(pool=self.pool)
