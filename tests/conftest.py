@@ -1,8 +1,23 @@
-"""Shared fixtures: the tiny model is built once per machine and cached."""
+"""Shared fixtures: the tiny model (shipped with the package, copied into the cache once); under CI only GPU
+tests may skip."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (`CI=true`) a skipped test fails unless it needs a GPU: CI has Docker, vLLM and every package the
+    setup installs, so a skip there means a part is missing or broken, which must not pass as green."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("gpu") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where only GPU tests may skip: {reason}"
 
 
 @pytest.fixture(scope="session")

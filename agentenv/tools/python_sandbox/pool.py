@@ -311,6 +311,13 @@ class _Channel:
         if first and self.on_close is not None:
             self.on_close(self)
 
+    async def stop_reading(self) -> None:
+        """Ends the read loop and waits for it (a loop stopped with it pending warns at exit). Pool loop."""
+        task = self.reader_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
 
 def _set_exc(fut: concurrent.futures.Future, exc: BaseException) -> None:
     if not fut.done():
@@ -385,7 +392,7 @@ class SandboxPool:
         self._channels: list[_Channel] = []
         self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
         self._changed: asyncio.Event | None = None  # set (and renewed) when a slot or container frees up
-        self._start_lock: asyncio.Lock | None = None
+        self._start_task: asyncio.Task | None = None  # the one start, on the pool loop (see `_start`)
         self._closing: asyncio.Event | None = None  # set by a close: replacements stop retrying
         self._started = False
         self._closed = False
@@ -508,23 +515,44 @@ class SandboxPool:
             changed.set()
 
     async def _start(self) -> None:
+        """Starts the pool once; every caller waits for that one start.
+
+        The start is the pool's own task, and a caller waits for it shielded: a
+        caller that gives up (its call's timeout, which a cold machine's start of
+        numpy, sympy and the warm-up in every container can exceed) stops
+        waiting, never the start. Were the start the first caller's, its timeout
+        would cancel it halfway, leave the containers it had made running, and
+        the next call would start all over, again too slowly: every call of the
+        first evaluation timed out that way on a fresh machine. A start that
+        failed is tried again by the next caller.
+        """
         if self._closed:
             raise ToolError("the sandbox pool is closed")
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
+        if self._started:
+            return
+        if self._start_task is None:
             self._idle = asyncio.LifoQueue()  # the container used last is the warmest
             self._changed = asyncio.Event()
             self._closing = asyncio.Event()
-        async with self._start_lock:
-            if self._started:
-                return
-            try:
-                await self._start_containers()
-            except ToolError:
-                raise
-            except Exception as e:  # a Docker API error, a timeout: one line that says so, never a bare traceback
-                raise ToolError(f"the sandbox pool could not start: {type(e).__name__}: {e}; {SETUP_HINT}") from e
-            self._started = True
+        if self._start_task is None or self._start_task.done():
+            self._start_task = asyncio.get_running_loop().create_task(self._start_once())
+            self._start_task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, whoever waits
+        try:
+            await asyncio.shield(self._start_task)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and not (task is not None and task.cancelling()):  # the start, not this caller
+                raise ToolError("the sandbox pool was closed while it started") from None
+            raise
+
+    async def _start_once(self) -> None:
+        try:
+            await self._start_containers()
+        except ToolError:
+            raise
+        except Exception as e:  # a Docker API error, a timeout: one line that says so, never a bare traceback
+            raise ToolError(f"the sandbox pool could not start: {type(e).__name__}: {e}; {SETUP_HINT}") from e
+        self._started = not self._closed
 
     async def _start_containers(self) -> None:
         """Connects to Docker, checks the image, starts `pool_size` containers (all or none)."""
@@ -539,9 +567,10 @@ class SandboxPool:
         )
         errors = [c for c in channels if isinstance(c, BaseException)]
         if errors:
-            for ch in channels:
-                if isinstance(ch, _Channel):
-                    ch.fail_all("the sandbox pool failed to start")
+            started = [ch for ch in channels if isinstance(ch, _Channel)]
+            for ch in started:
+                ch.fail_all("the sandbox pool failed to start")
+            await asyncio.gather(*(ch.stop_reading() for ch in started))
             await self._blocking(self._remove_containers_blocking)
             err = errors[0]
             raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
@@ -654,20 +683,25 @@ class SandboxPool:
             raise
         except Exception as e:
             raise ToolError(f"could not start a sandbox container from {self.config.image!r}: {e}; {SETUP_HINT}") from e
-        sock.setblocking(False)
-        reader, writer = await asyncio.open_connection(sock=sock, limit=_STREAM_LIMIT)
-        ch = _Channel(cid, keep, reader, writer)
-        ch.reader_task = asyncio.get_running_loop().create_task(ch.read_loop())
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        ch.send({"op": "hello"}, fut)
+        ch: _Channel | None = None
         try:
+            sock.setblocking(False)
+            reader, writer = await asyncio.open_connection(sock=sock, limit=_STREAM_LIMIT)
+            ch = _Channel(cid, keep, reader, writer)
+            ch.reader_task = asyncio.get_running_loop().create_task(ch.read_loop())
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            ch.send({"op": "hello"}, fut)
             hello = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.start_timeout_s)
             if not isinstance(hello, dict) or hello.get("ok") is not True:
                 raise _ChannelClosed(f"bad hello {hello!r:.200}")
-        except (asyncio.TimeoutError, _ChannelClosed) as e:
-            ch.fail_all("no hello")
-            tail = ch.stderr_tail.decode("utf-8", "replace").strip()
-            await self._blocking(self._remove_blocking, cid)
+        except BaseException as e:  # a runner that does not answer, or a pool closed meanwhile: nothing stays behind
+            tail = ch.stderr_tail.decode("utf-8", "replace").strip() if ch is not None else ""
+            if ch is not None:
+                ch.fail_all("no hello")
+                await ch.stop_reading()
+            await asyncio.shield(self._blocking(self._remove_blocking, cid))
+            if not isinstance(e, (asyncio.TimeoutError, _ChannelClosed)):
+                raise
             why = f"{type(e).__name__}: {tail[-800:] or 'no output'}"
             raise ToolError(
                 f"sandbox container {cid[:12]} did not start its runner ({why}); "
@@ -848,9 +882,14 @@ class SandboxPool:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        start, self._start_task = self._start_task, None
+        if start is not None and not start.done():  # a start in flight removes what it made
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
         channels, self._channels = self._channels, []
         for ch in channels:
             ch.fail_all("the sandbox pool is closed")
+        await asyncio.gather(*(ch.stop_reading() for ch in channels))
         if self._idle is not None:
             self._idle.put_nowait(None)
             self._broken = self._broken or ToolError("the sandbox pool is closed")
