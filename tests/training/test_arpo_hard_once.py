@@ -17,7 +17,7 @@ def test_a_train_step_counts_each_shared_token_once(fast_overrides):
 
     cfg = config_from_dict({}, fast_overrides + [
         "algorithm.name=arpo", "algorithm.group_size=4", "algorithm.initial_rollouts=1", "algorithm.alpha=1.0",
-        "algorithm.beta=0.0",
+        "algorithm.beta=0.0", "trainer.seed=1",  # seed 1: its rollouts call search (proven on the shipped model)
         "algorithm.advantage=hard_once",
     ])  # fmt: skip
     trainer = Trainer(cfg)

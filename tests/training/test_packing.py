@@ -136,11 +136,13 @@ def test_a_real_arpo_tree_of_the_tiny_model(tiny_model_path):
     try:
         cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=2, entropy_window=10, alpha=1.0, beta=0.0, tau=0.5)
         group = asyncio.run(
-            TreeSampler(cfg).sample(rt.policy, rt.make_env, rt.tasks.train[0], SamplingParams(max_tokens=48), 7)
+            TreeSampler(cfg).sample(rt.policy, rt.make_env, rt.tasks.train[0], SamplingParams(max_tokens=48), 1)
         )
     finally:
         asyncio.run(rt.aclose())
-    assert group.info["branches"] > 0  # P_t = α = 1 > τ (β = 0): every probe after a tool result branches
+    # P_t = α = 1 > τ (β = 0): every probe after a tool result branches; seed 1's rollouts call search
+    # (proven on the shipped model: seed 7's two roots write only malformed calls before the budget runs out)
+    assert group.info["branches"] > 0
     batch = collate(group.trajectories, [torch.zeros(len(t)) for t in group.trajectories], 0)
     plan = plan_packing(batch.input_ids, batch.attention_mask)
     assert plan.saving > 0.3, plan.saving

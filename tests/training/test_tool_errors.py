@@ -23,10 +23,8 @@ from agentenv.training.trainer import Trainer
 pytestmark = pytest.mark.docker
 
 REFUSING_PYTHON = [
-    "env.tools=[python]",
+    "env.tools={python: {max_code_bytes: 1, pool_size: 1}}",
     "env.tasks.kinds=[arith]",
-    "env.tools.python.max_code_bytes=1",
-    "env.tools.python.pool_size=1",
     "trainer.max_failed_steps=2",
 ]
 
@@ -52,8 +50,8 @@ def test_a_refusing_tool_is_counted_warned_of_and_stops_the_run(fast_overrides, 
 
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "warning: the python tool failed" in line]
-    # the evaluation at step 0, step 1, the evaluation after step 1, step 2: one line each
-    assert len(warnings) == 4, err
+    # the evaluations at steps 0, 1 and 2 and steps 1 and 2 (the health check after step 2 stops the run): a line each
+    assert len(warnings) == 5, err
     assert "in the evaluation at step 0" in warnings[0] and "commonest: refused" in warnings[0], warnings[0]
     assert "code too large" in warnings[0]
 

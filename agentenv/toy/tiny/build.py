@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -44,18 +45,37 @@ def tiny_dir(cfg: TinyBuildConfig | None = None) -> Path:
     return cache_root() / "tiny" / cfg.cache_key()
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+"""The default build as shipped with the package (`agentenv tiny build --force` made it; its
+`build_info.json` says where and how), so every machine starts from the same weights."""
+
+
 def _is_built(path: Path) -> bool:
     return (path / "build_info.json").is_file() and (path / "config.json").is_file()
 
 
-def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **overrides: Any) -> Path:
-    """The cached tiny model's folder, building it first if needed.
+def shipped_key() -> str | None:
+    """The cache key of the shipped build, or None when the package ships none."""
+    info = SHIPPED_DIR / "build_info.json"
+    return json.loads(info.read_text())["cache_key"] if info.is_file() else None
 
+
+def _copy_shipped(tmp: Path) -> None:
+    for f in SHIPPED_DIR.iterdir():
+        if f.is_file():
+            shutil.copyfile(f, tmp / f.name)
+
+
+def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **overrides: Any) -> Path:
+    """The cached tiny model's folder: the shipped weights, or a build, made once.
+
+    A config whose cache key is the shipped build's (the default) is copied
+    from the package; any other config, or `force`, is built here (minutes).
     Safe across processes: one builds under a file lock, the others wait and
     then reuse its result.
 
     Args:
-        force: Rebuild even if a build exists.
+        force: Build here even if a build or the shipped weights exist.
         log: Progress sink (default: stderr).
         **overrides: Fields of `TinyBuildConfig` to change.
 
@@ -66,13 +86,14 @@ def ensure_tiny_model(force: bool = False, log: Callable[[str], None] = _log, **
     final = tiny_dir(cfg)
     if _is_built(final) and not force:
         return final
+    shipped = not force and shipped_key() == cfg.cache_key()
     build_once(
         final,
-        lambda tmp: build_tiny_model(tmp, cfg, log=log),
+        _copy_shipped if shipped else lambda tmp: build_tiny_model(tmp, cfg, log=log),
         force=force,
         on_wait=lambda: log(f"waiting for another process building the tiny model ({final})"),
     )
-    log(f"tiny model ready at {final}")
+    log(f"tiny model ready at {final}" + (" (the shipped weights)" if shipped else ""))
     return final
 
 
