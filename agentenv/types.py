@@ -89,6 +89,33 @@ class Generation:
             )
 
 
+class PolicyText(str):
+    """What the policy wrote in an episode, as a reward reads it: its turns, each its own text.
+
+    As a `str` it is the turns joined by newlines (for a reward that only needs
+    the words); `turns` keeps them apart. A reward that reads tags or an answer
+    must read each turn alone (`turns_of`): nothing written in one turn
+    completes a tag or an answer opened in another.
+    """
+
+    turns: tuple[str, ...]
+
+    def __new__(cls, turns: Any) -> "PolicyText":
+        turns = tuple(turns)
+        obj = super().__new__(cls, "\n".join(turns))
+        obj.turns = turns
+        return obj
+
+    def __getnewargs__(self) -> tuple[tuple[str, ...]]:  # pickling rebuilds it from its turns
+        return (self.turns,)
+
+
+def turns_of(response: str) -> tuple[str, ...]:
+    """The turns of a response: a `PolicyText`'s, else the whole text as one turn (ARPO's format is one turn)."""
+    turns = getattr(response, "turns", None)
+    return tuple(turns) if turns is not None else (response,)
+
+
 @dataclass
 class ToolResult:
     """A tool's answer to one call. The agent's mistakes are results, not exceptions.
