@@ -30,7 +30,7 @@ from gymnasium.error import ResetNeeded
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.formats import TOOL_FORMATS
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
-from agentenv.envs.results import call_tool, close_tool, result_text
+from agentenv.envs.results import call_tool, close_tool, frame_off_loop, result_text
 from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
@@ -283,7 +283,8 @@ class AgentEnv(gymnasium.Env):
         if made is None:
             return await self._finish("tool_limit", truncated=True)
         budget = min(self.config.max_result_tokens, self.remaining_tokens)
-        shown = self._format.result(self._messages, ids, parsed, made, budget)
+        messages = self._messages
+        shown = await frame_off_loop(made, lambda: self._format.result(messages, ids, parsed, made, budget))
         obs = shown.token_ids
         if not obs:
             return await self._finish("context", truncated=True)
