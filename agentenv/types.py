@@ -116,6 +116,20 @@ def turns_of(response: str) -> tuple[str, ...]:
     return tuple(turns) if turns is not None else (response,)
 
 
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate and NUL character replaced by U+FFFD (a valid surrogate pair joined).
+
+    A tool's text may hold them (a JSON answer's `"\\ud800"`, a program's
+    output); a lone surrogate cannot be encoded (a tokenizer or a cache raises),
+    and NUL is no text a model reads.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 @dataclass
 class ToolResult:
     """A tool's answer to one call. The agent's mistakes are results, not exceptions.
@@ -133,6 +147,14 @@ class ToolResult:
     error: str | None = None
     latency_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Whatever a tool read (a search answer, a page, a program's output) is text every
+        # later step can encode: a cache, a tokenizer (`clean_text`).
+        if isinstance(self.text, str):
+            self.text = clean_text(self.text)
+        if isinstance(self.error, str):
+            self.error = clean_text(self.error)
 
 
 @dataclass

@@ -14,7 +14,8 @@ text safe to tokenize, whatever a tool returned: a text longer than
 `MAX_CHARS_PER_TOKEN` characters per token of its budget is cut by characters
 before anything tokenizes it (so a 12 MB answer costs what a budget's worth
 does), and lone surrogates and NUL characters become U+FFFD (a tokenizer
-cannot encode a lone surrogate; `clean_text`). A result longer than
+cannot encode a lone surrogate; `agentenv.types.clean_text`, which every
+`ToolResult` applies to its text as it is made). A result longer than
 `LARGE_RESULT_CHARS` is framed in a worker thread (`frame_off_loop`), so other
 trajectories keep going while it tokenizes.
 """
@@ -31,7 +32,7 @@ from agentenv.envs.toolloop import run_on_tool_loop
 from agentenv.errors import ConfigError, ToolError
 from agentenv.loader import check_number
 from agentenv.tools.base import Tool
-from agentenv.types import ToolResult
+from agentenv.types import ToolResult, clean_text
 
 DEFAULT_RESULT_TEMPLATE = "<result>\n{text}\n</result>"
 DEFAULT_TRUNCATION_MARKER = "\n...[truncated]"
@@ -71,22 +72,6 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 ZWSP = "\u200b"
-REPLACEMENT = "\ufffd"
-
-
-def clean_text(text: str) -> str:
-    """`text` with every lone surrogate and NUL character replaced by U+FFFD (a valid surrogate pair joined).
-
-    A tool's text may hold them (a JSON answer's `"\\ud800"`, a page's bytes);
-    a tokenizer cannot encode a lone surrogate, and NUL is no text a model reads.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text.replace("\x00", REPLACEMENT) if "\x00" in text else text
-
-
 def special_strings(tokenizer: Any) -> list[str]:
     """The tokenizer's special-token strings (longest first), which a tool's text must not spell."""
     specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
