@@ -72,6 +72,8 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 ZWSP = "\u200b"
+
+
 def special_strings(tokenizer: Any) -> list[str]:
     """The tokenizer's special-token strings (longest first), which a tool's text must not spell."""
     specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
