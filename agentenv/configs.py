@@ -250,6 +250,15 @@ class RunConfig:
                 "policy.max_turn_tokens",
                 f"{self.policy.max_turn_tokens} must be below env.max_context_tokens {self.env.max_context_tokens}",
             )
+        model_len = getattr(backends[self.policy.backend], "max_model_len", None)
+        if isinstance(model_len, int) and model_len < self.env.max_context_tokens:
+            # Every episode whose context grows past the model's length would fail (a run of failed trajectories).
+            raise ConfigError(
+                f"policy.{self.policy.backend}.max_model_len",
+                f"{model_len} is below env.max_context_tokens {self.env.max_context_tokens}: the policy must read "
+                f"an episode's whole context; raise it to at least {self.env.max_context_tokens} or lower "
+                "env.max_context_tokens",
+            )
         object.__setattr__(self, "_algorithm_config", algo_cfg)
         object.__setattr__(self, "_backend_config", backends[self.policy.backend])
 

@@ -9,6 +9,14 @@ value, including the errors a class's `__post_init__` raises about its own field
 A field marked `rest_field()` collects the keys the class does not declare: a
 section that selects a part by name (`algorithm: {name: arpo, forks_per_branch: 3}`)
 keeps the part's own options there, and the part's config class checks them.
+
+Every number is checked here, by its annotation, for every config class alike
+(a class's `__post_init__` adds the ranges that are its own): a value of an
+`int` or `float` field (or inside a `list[float]`, a `float | None`, ...) must be
+finite (`.nan`, `.inf` and a float past the largest double are refused, unless
+the field is declared with `allow_nonfinite()`), an int must fit in 64 bits, and
+a seed (a field named `seed` or `*_seed`) must be in [0, 2**32 - 1], what numpy,
+torch and Python's `random` all take.
 """
 
 from __future__ import annotations
@@ -28,12 +36,50 @@ import yaml
 from agentenv.errors import ConfigError
 
 _REST = "agentenv.rest"
+_NONFINITE_OK = "agentenv.nonfinite_ok"
+SEED_RANGE = (0, 2**32 - 1)
+"""Seeds numpy, torch and `random` all take."""
+INT_RANGE = (-(2**63), 2**63 - 1)
+"""Every other int: what fits a 64-bit integer (a tensor, a numpy array, a C size)."""
 _FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def rest_field() -> Any:
     """A `Mapping` field that receives every key the dataclass does not declare."""
     return dataclasses.field(default_factory=dict, metadata={_REST: True})
+
+
+def allow_nonfinite(default: float) -> Any:
+    """A float field that may hold `.nan` or `.inf` (the loader refuses them everywhere else)."""
+    return dataclasses.field(default=default, metadata={_NONFINITE_OK: True})
+
+
+class _OutOfRange(ConfigError):
+    """A number of the right type outside what its field can hold."""
+
+
+def _is_seed(key: str) -> bool:
+    name = key.rsplit(".", 1)[-1].split("[", 1)[0]
+    return name == "seed" or name.endswith("_seed")
+
+
+def _checked_int(value: int, key: str) -> int:
+    lo, hi = SEED_RANGE if _is_seed(key) else INT_RANGE
+    if not lo <= value <= hi:
+        what = "a seed, an integer" if _is_seed(key) else "an integer"
+        shown = repr(value) if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit integer"
+        raise _OutOfRange(key, f"must be {what} in [{lo}, {hi}], got {shown}")
+    return value
+
+
+def _checked_float(value: Any, key: str, nonfinite_ok: bool) -> float:
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the largest double
+        raise _OutOfRange(key, f"must be a finite number, got a {len(str(abs(value)))}-digit integer") from None
+    if not nonfinite_ok and not math.isfinite(number):
+        raise _OutOfRange(key, f"must be a finite number, got {number!r}")
+    return number
 
 
 def check_number(key: str, value: Any, *, low: float = 0.0, low_ok: bool = False, integer: bool = False) -> None:
@@ -57,7 +103,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _coerce(value: Any, tp: Any, key: str, nonfinite_ok: bool = False) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -65,13 +111,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        out_of_range: _OutOfRange | None = None
         for arg in args:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, key)
+                return _coerce(value, arg, key, nonfinite_ok)
+            except _OutOfRange as e:  # the right kind of value: say what is wrong with it, not "expected ..."
+                out_of_range = out_of_range or e
             except ConfigError:
                 continue
+        if out_of_range is not None:
+            raise out_of_range
         raise ConfigError(key, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is Literal:
         if value not in args:
@@ -83,7 +134,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"expected a list, got {value!r}")
         item_tp = args[0] if args else Any
-        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(v, item_tp, f"{key}[{i}]", nonfinite_ok) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
         if not isinstance(value, collections.abc.Mapping):
@@ -96,13 +147,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(key, f"expected an integer, got {value!r}")
-        return value
+        return _checked_int(value, key)
     if tp is float:
         if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads `5e-5` (no dot) as a string
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            value = value.strip()  # YAML 1.1 reads `5e-5` (no dot) as a string
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {value!r}")
-        return float(value)
+        return _checked_float(value, key, nonfinite_ok)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"expected a string, got {value!r}")
@@ -146,7 +197,8 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, collections.abc.Mapping):
         raise ConfigError(prefix or cls.__name__, f"expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    names = list(fields)
     rest = _rest_name(cls)
     renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
     kwargs: dict[str, Any] = {}
@@ -162,7 +214,7 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(full, f"unknown key (value {value!r}){hint} Known keys: {', '.join(names)}")
-        kwargs[key] = _coerce(value, hints[key], full)
+        kwargs[key] = _coerce(value, hints[key], full, bool(fields[key].metadata.get(_NONFINITE_OK)))
     if rest is not None:
         kwargs[rest] = extra
     for f in dataclasses.fields(cls):

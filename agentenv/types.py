@@ -97,6 +97,47 @@ class Generation:
             )
 
 
+class PolicyText(str):
+    """What the policy wrote in an episode, as a reward reads it: its turns, each its own text.
+
+    As a `str` it is the turns joined by newlines (for a reward that only needs
+    the words); `turns` keeps them apart. A reward that reads tags or an answer
+    must read each turn alone (`turns_of`): nothing written in one turn
+    completes a tag or an answer opened in another.
+    """
+
+    turns: tuple[str, ...]
+
+    def __new__(cls, turns: Any) -> "PolicyText":
+        turns = tuple(turns)
+        obj = super().__new__(cls, "\n".join(turns))
+        obj.turns = turns
+        return obj
+
+    def __getnewargs__(self) -> tuple[tuple[str, ...]]:  # pickling rebuilds it from its turns
+        return (self.turns,)
+
+
+def turns_of(response: str) -> tuple[str, ...]:
+    """The turns of a response: a `PolicyText`'s, else the whole text as one turn (ARPO's format is one turn)."""
+    turns = getattr(response, "turns", None)
+    return tuple(turns) if turns is not None else (response,)
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate and NUL character replaced by U+FFFD (a valid surrogate pair joined).
+
+    A tool's text may hold them (a JSON answer's `"\\ud800"`, a program's
+    output); a lone surrogate cannot be encoded (a tokenizer or a cache raises),
+    and NUL is no text a model reads.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 @dataclass
 class ToolResult:
     """A tool's answer to one call. The agent's mistakes are results, not exceptions.
@@ -125,6 +166,14 @@ class ToolResult:
             self.kind = "error"
         elif self.kind not in TOOL_ERROR_KINDS:
             raise ValueError(f"ToolResult.kind must be one of {TOOL_ERROR_KINDS}, got {self.kind!r}")
+
+    def __post_init__(self) -> None:
+        # Whatever a tool read (a search answer, a page, a program's output) is text every
+        # later step can encode: a cache, a tokenizer (`clean_text`).
+        if isinstance(self.text, str):
+            self.text = clean_text(self.text)
+        if isinstance(self.error, str):
+            self.error = clean_text(self.error)
 
 
 @dataclass

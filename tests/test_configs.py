@@ -142,7 +142,8 @@ def test_policy_backend_sections_are_the_backends_own_config_classes():
     from agentenv.policies.config import HFPolicyConfig
     from agentenv.policies.vllm import VLLMPolicyConfig
 
-    raw = {"policy": {"backend": "vllm", "top_k": 5, "vllm": {"max_model_len": 1024}, "hf": {"max_batch_size": 4}}}
+    raw = {"policy": {"backend": "vllm", "top_k": 5, "vllm": {"max_model_len": 1024}, "hf": {"max_batch_size": 4}},
+           "env": {"max_context_tokens": 1024}}  # fmt: skip
     cfg = config_from_dict(raw, ["trainer.seed=7", "model.dtype=bfloat16"])
     vllm = cfg.backend_config
     assert isinstance(vllm, VLLMPolicyConfig) and vllm.max_model_len == 1024 and vllm.seed == 7
@@ -169,3 +170,118 @@ def test_one_set_of_defaults_and_a_rollout_section():
     assert cfg.env == AgentEnvConfig() and cfg.rollout == RolloutConfig(episode_timeout_s=45.0, max_concurrency=8)
     with pytest.raises(ConfigError, match=r"rollout\.episode_timeout_s: must be a finite number >= 1, got 0"):
         config_from_dict({}, ["rollout.episode_timeout_s=0"])
+
+
+# --------------------------------------------------------------------------- the loader's number check
+def _config_classes() -> list[type]:
+    """Every config class a run, a tool, a policy backend, an algorithm, the bench or the tiny build loads, nested ones too."""
+    import dataclasses
+    import typing
+
+    from agentenv.algorithms import _REGISTRY as ALGORITHMS
+    from agentenv.bench.config import BenchConfig
+    from agentenv.envs.tool_env import ToolEnvConfig
+    from agentenv.policies.backends import POLICY_BACKENDS
+    from agentenv.tools.registry import TOOLS
+    from agentenv.toy.tiny.config import TinyBuildConfig
+
+    roots = [RunConfig, BenchConfig, ToolEnvConfig, TinyBuildConfig]
+    roots += [ALGORITHMS.get(n).config_cls for n in ALGORITHMS.names()]
+    roots += [r.get(n).config_cls for r in (TOOLS, POLICY_BACKENDS) for n in r.names()]
+    seen: list[type] = []
+    while roots:
+        cls = roots.pop()
+        if cls in seen or not dataclasses.is_dataclass(cls):
+            continue
+        seen.append(cls)
+        for hint in typing.get_type_hints(cls).values():
+            roots += [t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t)]
+    return seen
+
+
+def _number_kinds(hint) -> set:
+    import typing
+
+    return {t for t in (hint, *typing.get_args(hint)) if t in (int, float)}
+
+
+def test_every_number_of_every_config_class_is_checked_by_the_loader():
+    import dataclasses
+    import typing
+
+    from agentenv.loader import build_dataclass
+
+    checked = 0
+    for cls in _config_classes():
+        hints = typing.get_type_hints(cls)
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        required = {f.name: "x" for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        for f in fields:
+            kinds = _number_kinds(hints[f.name])
+            bad = ([float("inf"), float("-inf"), float("nan")] if float in kinds else [])
+            bad += ([2**64] + ([-1, 2**32] if f.name == "seed" or f.name.endswith("_seed") else []) if int in kinds else [])
+            for value in bad:
+                with pytest.raises(ConfigError) as e:
+                    build_dataclass(cls, {**required, f.name: value}, "sec")
+                assert e.value.key == f"sec.{f.name}" and str(value) in e.value.message, (cls.__name__, f.name, e.value)
+                checked += 1
+    assert checked > 100  # the classes were found
+
+
+def test_the_number_check_follows_the_annotation():
+    from dataclasses import dataclass
+
+    from agentenv.loader import allow_nonfinite, build_dataclass
+
+    @dataclass
+    class Part:
+        scale: float = 1.0
+        weights: tuple[float, ...] = ()
+        limit: float | None = None
+        steps: int | float = 1
+        count: int = 1
+        floor: float = allow_nonfinite(float("-inf"))
+        data_seed: int | None = None
+
+    key = r"part\.{}: must be {}"
+    for raw, match in [
+        ({"weights": [1.0, float("inf")]}, key.format(r"weights\[1\]", "a finite number, got inf")),
+        ({"limit": float("nan")}, key.format("limit", "a finite number, got nan")),
+        ({"scale": 10**400}, key.format("scale", "a finite number, got a 401-digit integer")),  # not OverflowError
+        ({"count": 2**70}, key.format("count", r"an integer in \[-9223372036854775808, 9223372036854775807\]")),
+        ({"data_seed": -1}, key.format("data_seed", r"a seed, an integer in \[0, 4294967295\], got -1")),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_dataclass(Part, raw, "part")
+    ok = build_dataclass(Part, {"floor": float("-inf"), "steps": 2.5, "limit": "1e3", "data_seed": 2**32 - 1}, "part")
+    assert ok.floor == float("-inf") and ok.steps == 2.5 and ok.limit == 1000.0
+
+
+@pytest.mark.parametrize("value", ["-1", "4294967296", "10000000000000000000000000", "1e25"])
+def test_a_seed_numpy_cannot_take_is_refused_at_load(value):
+    # numpy raised at set_seed for -1, 2**32 and 1e25, after the model had loaded
+    with pytest.raises(ConfigError, match=r"^trainer\.seed: (must be a seed|expected an integer)"):
+        config_from_dict({}, [f"trainer.seed={value}"])
+    with pytest.raises(ConfigError, match=r"^trainer\.eval_seed: "):
+        config_from_dict({}, [f"trainer.eval_seed={value}"])
+
+
+def test_a_policy_context_shorter_than_the_env_budget_is_refused():
+    with pytest.raises(ConfigError, match=r"^policy\.hf\.max_model_len: 16 is below env\.max_context_tokens 2048"):
+        config_from_dict({}, ["policy.backend=hf", "policy.hf.max_model_len=16"])
+    assert config_from_dict({}, ["policy.backend=hf", "policy.hf.max_model_len=2048"]).backend_config.max_model_len == 2048
+
+
+def test_a_device_that_does_not_exist_is_refused(monkeypatch):
+    import torch
+
+    with pytest.raises(ConfigError, match=r"^policy\.hf\.device: must be auto, cpu, cuda or cuda:N, got 'cuda:abc'"):
+        config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda:abc"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^policy\.hf\.device: 'cuda' asks for a GPU, but this machine has no CUDA device"):
+        config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^policy\.hf\.device: 'cuda:2' does not exist: this machine has 2 CUDA"):
+        config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda:2"])
+    assert config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda:1"]).backend_config.device == "cuda:1"

@@ -30,7 +30,7 @@ from gymnasium.error import ResetNeeded
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.formats import TOOL_FORMATS
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
-from agentenv.envs.results import call_tool, close_tool, result_text
+from agentenv.envs.results import call_tool, close_tool, frame_off_loop, result_text
 from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
@@ -38,7 +38,7 @@ from agentenv.loader import build_dataclass
 from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
-from agentenv.types import Generation, Segment, Trajectory
+from agentenv.types import Generation, PolicyText, Segment, Trajectory
 
 # reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
@@ -84,8 +84,10 @@ class AgentEnv(gymnasium.Env):
         tokenizer: The policy's tokenizer (HF-style `encode`/`decode`, `eos_token_id`).
         reward_fn: `reward_fn(policy_text, task, tool_calls)` returning an
             object with `.score`, `.correct`, `.format_ok`. It sees only what
-            the policy wrote (`policy_text`) and the tool-call counts, never a
-            tool's text. Default: `agentenv.tasks.rewards.arpo_reward`.
+            the policy wrote (`policy_text`, a `PolicyText` whose `turns` are
+            its turns apart) and the tool-call counts, never a tool's text.
+            Default: `agentenv.tasks.rewards.arpo_reward`, which reads each
+            turn alone.
         config: `AgentEnvConfig` or a mapping of its fields.
         tasks: Tasks to draw from (with the seeded `np_random`) when `reset`
             gets no `options={"task": ...}`.
@@ -283,7 +285,8 @@ class AgentEnv(gymnasium.Env):
         if made is None:
             return await self._finish("tool_limit", truncated=True)
         budget = min(self.config.max_result_tokens, self.remaining_tokens)
-        shown = self._format.result(self._messages, ids, parsed, made, budget)
+        messages = self._messages
+        shown = await frame_off_loop(made, lambda: self._format.result(messages, ids, parsed, made, budget))
         obs = shown.token_ids
         if not obs:
             return await self._finish("context", truncated=True)
@@ -363,16 +366,20 @@ class AgentEnv(gymnasium.Env):
             "format_ok": bool(getattr(r, "format_ok", False)),
         }
 
-    def policy_text(self) -> str:
-        """What the policy wrote this episode: its turns, each decoded alone, one per line.
+    def policy_text(self) -> PolicyText:
+        """What the policy wrote this episode: its turns, each decoded alone, as a `PolicyText`.
 
         Tool results are left out, so nothing a tool prints (an `<answer>`, a
-        stray `</result>`) can earn or spoil a reward; each turn is decoded on
-        its own, so no tag can form across a turn boundary. A prefill the task's
-        messages end with is the start of the first turn.
+        stray `</result>`) can earn or spoil a reward. Each turn stays its own
+        text (`PolicyText.turns`; as a string, one per line): the built-in
+        rewards check every turn's tags alone, so no tag and no answer can form
+        across a turn boundary. A prefill the task's messages end with is the
+        start of the first turn.
         """
-        turns = (s.token_ids for s in self._segments if s.source == "policy")
-        return self._response_prefix + "\n".join(self.tokenizer.decode(ids, skip_special_tokens=True) for ids in turns)
+        turns = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in self._segments if s.source == "policy"]
+        turns = turns or [""]
+        turns[0] = self._response_prefix + turns[0]
+        return PolicyText(turns)
 
     def _count(self, key: str) -> None:
         self._tool_calls[key] = self._tool_calls.get(key, 0) + 1

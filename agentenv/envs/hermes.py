@@ -60,13 +60,37 @@ def _malformed(error: str, tool: str | None = None, end: int = 0) -> ParsedTurn:
     return ParsedTurn("malformed", tool=tool, error=error, end=end)
 
 
+def _loads(text: str) -> Any:
+    """`json.loads`, every way it can fail a `ValueError` whose message the model can read."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg}: line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError as e:  # an integer past Python's limit on digits, ...
+        raise ValueError(str(e).split(";")[0][:200]) from None
+
+
 def parse_call(inner: str, tools: Mapping[str, Any], end: int) -> ParsedTurn:
-    """The call inside one `<tool_call>...</tool_call>`; a mistake is a malformed turn the model reads."""
+    """The call inside one `<tool_call>...</tool_call>`; every mistake is a malformed turn the model reads.
+
+    Never raises on the text: JSON that cannot be read (invalid, nested past
+    the recursion limit, an integer past Python's limit on digits) is a
+    malformed call like any other.
+    """
+    try:
+        return _parse_call(inner, tools, end)
+    except RecursionError:  # arguments too deep to handle even after json read them
+        return _malformed(f"The tool call is nested too deeply to read. Write {_example(tools)}", end=end)
+
+
+def _parse_call(inner: str, tools: Mapping[str, Any], end: int) -> ParsedTurn:
     how = f"Write {_example(tools)}"
     try:
-        obj = json.loads(inner)
-    except json.JSONDecodeError as e:
-        return _malformed(f"The tool call is not valid JSON ({e.msg}: line {e.lineno} column {e.colno}). {how}", end=end)
+        obj = _loads(inner)
+    except ValueError as e:
+        return _malformed(f"The tool call is not valid JSON ({e}). {how}", end=end)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return _malformed(f'A tool call is a JSON object with a "name" and its "arguments". {how}', end=end)
     name = obj["name"]
@@ -76,8 +100,8 @@ def parse_call(inner: str, tools: Mapping[str, Any], end: int) -> ParsedTurn:
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+            args = _loads(args)
+        except ValueError:
             pass
     if not isinstance(args, dict):
         return _malformed(f'"arguments" must be a JSON object, got {json.dumps(args)[:80]}. {how}', tool=name, end=end)

@@ -8,11 +8,23 @@ and a text too long for its budget is cut in text space, at a token boundary of
 the text alone, before the marker is added. The template may hold special
 tokens; the tool's text cannot inject any: a special-token string in it is
 broken by a zero-width space (U+200B) after its first character.
+
+Every result passes through `ResultFormatter.frame`, which first makes the
+text safe to tokenize, whatever a tool returned: a text longer than
+`MAX_CHARS_PER_TOKEN` characters per token of its budget is cut by characters
+before anything tokenizes it (so a 12 MB answer costs what a budget's worth
+does), and lone surrogates and NUL characters become U+FFFD (a tokenizer
+cannot encode a lone surrogate; `agentenv.types.clean_text`, which every
+`ToolResult` applies to its text as it is made). A result longer than
+`LARGE_RESULT_CHARS` is framed in a worker thread (`frame_off_loop`), so other
+trajectories keep going while it tokenizes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +32,18 @@ from agentenv.envs.toolloop import run_on_tool_loop
 from agentenv.errors import ConfigError, ToolError
 from agentenv.loader import check_number
 from agentenv.tools.base import Tool
-from agentenv.types import ToolResult
+from agentenv.types import ToolResult, clean_text
 
 DEFAULT_RESULT_TEMPLATE = "<result>\n{text}\n</result>"
 DEFAULT_TRUNCATION_MARKER = "\n...[truncated]"
+MAX_CHARS_PER_TOKEN = 16
+"""A result's text is cut to `budget * MAX_CHARS_PER_TOKEN` characters before it is tokenized.
+
+Generous: English runs about 4 characters a token, code about 3; only a text of
+unusually long tokens (long runs of one character) is cut, and marked, before
+its token budget is full."""
+LARGE_RESULT_CHARS = 32_768
+"""Results longer than this are tokenized in a worker thread (`frame_off_loop`), not on the event loop."""
 
 
 def validate_result_fields(
@@ -115,16 +135,24 @@ class ResultFormatter:
     def frame(self, head: str, text: str, tail: str, budget: int) -> tuple[list[int], str, bool]:
         """`head + text + tail` tokenized whole within `budget` tokens, the text cut (and marked) if need be.
 
+        The text is cut to `budget * MAX_CHARS_PER_TOKEN` characters first, then
+        cleaned (`clean_text`) and defused, so nothing longer is ever tokenized.
+
         Returns:
-            (token ids, the text as shown (defused, maybe cut and marked), whether
-            it was cut). ([], "", True) when not even an empty cut result fits.
+            (token ids, the text as shown (cleaned, defused, maybe cut and
+            marked), whether it was cut). ([], "", True) when not even an empty
+            cut result fits.
         """
-        shown = defuse(text, self._specials)
+        limit = max(budget, 0) * MAX_CHARS_PER_TOKEN
+        cut_chars = len(text) > limit
+        shown = defuse(clean_text(text[:limit] if cut_chars else text), self._specials)
         ids = self._encode(head + shown + tail)
-        if len(ids) <= budget:
+        if len(ids) <= budget and not cut_chars:
             return ids, shown, False
-        body = encode_text(self.tokenizer, shown)
-        keep = budget - (len(ids) - len(body)) - len(encode_text(self.tokenizer, self.marker))
+        # `shown` holds no special-token string (defused): encoding it plainly gives the ids of a split
+        # encode, and leaves the tokenizer's settings alone (this may run in a worker thread).
+        body = self._encode(shown)
+        keep = budget - (len(ids) - len(body)) - len(self._encode(self.marker))
         for _ in range(8):  # a cut may tokenize a little differently at its seams: shrink until it fits
             if keep < 0:
                 break
@@ -134,6 +162,17 @@ class ResultFormatter:
                 return ids, shown, True
             keep = min(keep - 1, keep - (len(ids) - budget))
         return [], "", True
+
+
+async def frame_off_loop(text: str, render: Callable[[], Any]) -> Any:
+    """`render()`, which frames the result `text`: in a worker thread when the text is long.
+
+    Tokenizing a long result takes a while; off the event loop it holds up no
+    other trajectory's generation or tool call. A short one is framed in place.
+    """
+    if len(text) > LARGE_RESULT_CHARS:
+        return await asyncio.to_thread(render)
+    return render()
 
 
 def result_text(result: ToolResult) -> str:

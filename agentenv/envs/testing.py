@@ -18,7 +18,7 @@ from typing import Any
 
 from agentenv.errors import ToolError
 from agentenv.tasks.task import Task
-from agentenv.types import ToolResult
+from agentenv.types import ToolResult, turns_of
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -153,8 +153,9 @@ class RewardResult:
 
 
 def boxed_reward(response: str, task: Task, tool_calls: dict[str, int]) -> RewardResult:
-    """-1 without `<answer>...\\boxed{}...</answer>`; else 1 if the boxed value is the ground truth, 0 if not."""
-    m = re.search(r"<answer>.*?\\boxed\{([^}]*)\}.*?</answer>", response, re.S)
+    """-1 without `<answer>...\\boxed{}...</answer>` in one turn; else 1 if the boxed value is the ground truth, 0 if not."""
+    found = (re.search(r"<answer>.*?\\boxed\{([^}]*)\}.*?</answer>", turn, re.S) for turn in turns_of(response))
+    m = next((m for m in found if m is not None), None)
     if m is None:
         return RewardResult(-1.0, False, False)
     correct = m.group(1).strip() == task.ground_truth.strip()

@@ -22,6 +22,7 @@ from agentenv.envs.results import (
     ResultFormatter,
     call_tool,
     close_tool,
+    frame_off_loop,
     result_text,
     validate_result_fields,
 )
@@ -140,7 +141,8 @@ class ToolEnv(gymnasium.Env):
         result, elapsed = await call_tool(self._episode_tool, query, self.config.tool_timeout_s)
         self._calls += 1
         self._tool_time_s += elapsed
-        obs, cut = self._formatter.encode(result_text(result), self.config.max_result_tokens)
+        text = result_text(result)
+        obs, cut = await frame_off_loop(text, lambda: self._formatter.encode(text, self.config.max_result_tokens))
         truncated = self._calls >= self.config.max_calls
         info = {"ok": result.ok, "error": result.error, "calls": self._calls, "result_truncated": cut, "tool_result": True}
         return as_token_array(obs), 0.0, False, truncated, info

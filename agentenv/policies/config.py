@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +29,7 @@ from agentenv.loader import check_number, rest_field
 from agentenv.types import SamplingParams
 
 _HF_DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"auto|cpu|cuda(?::(\d+))?")
 _RUN_FILLED = ("model", "seed")  # come from model.path and trainer.seed, never from the backend's section
 
 
@@ -114,6 +116,28 @@ class PolicyConfig:
         return {n: self.backend_config(n, model=model, dtype=dtype, seed=seed) for n in names}
 
 
+def check_device(key: str, device: Any) -> None:
+    """Refuse a device that is not `auto`, `cpu`, `cuda` or `cuda:N`, or that this machine does not have.
+
+    Raises:
+        ConfigError: An invalid device string; `cuda` on a machine where torch
+            finds no CUDA device; `cuda:N` past the devices it finds.
+    """
+    m = _DEVICE.fullmatch(device) if isinstance(device, str) else None
+    if m is None:
+        raise ConfigError(key, f"must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if not device.startswith("cuda"):
+        return
+    import torch  # only for a cuda device: the config module stays light
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(key, f"{device!r} asks for a GPU, but this machine has no CUDA device (torch.cuda.is_available() "
+                               "is False); use auto or cpu")  # fmt: skip
+    if m[1] is not None and int(m[1]) >= count:
+        raise ConfigError(key, f"{device!r} does not exist: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
 @dataclass
 class HFPolicyConfig:
     """Settings of the transformers policy.
@@ -146,8 +170,7 @@ class HFPolicyConfig:
     def __post_init__(self) -> None:
         if self.dtype not in _HF_DTYPES:
             raise ConfigError("policy.dtype", f"must be one of {list(_HF_DTYPES)}, got {self.dtype!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ConfigError("policy.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device("policy.device", self.device)
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
         if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 1:

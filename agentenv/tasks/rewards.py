@@ -2,7 +2,9 @@
 
 A reward is a function `reward(response, task, tool_calls)`:
 
-- `response`: the text the policy wrote in the episode (its turns, decoded);
+- `response`: the text the policy wrote in the episode: from an `AgentEnv`, an
+  `agentenv.types.PolicyText`, a `str` (its turns joined by newlines) whose
+  `turns` holds each turn decoded alone; any other string is one turn;
 - `task`: the `Task` (its `ground_truth`, `metadata["answers"]`, `ability`);
 - `tool_calls`: calls per tool name in the episode, e.g. `{"search": 2, "python": 1}`
   (`"invalid"` counts malformed calls and calls past the limit);
@@ -37,6 +39,15 @@ The response scored is what the policy wrote, never the tools' results: a tool
 that prints `<answer>\\boxed{42}</answer>` earns nothing, and a result holding
 `</result>` or `<answer>` cannot spoil the policy's format. (ARPO's check ran
 over the whole rollout, results included, which let a tool's text do both.)
+
+Each turn is its own text: every built-in reward reads the tags and the answer
+of each policy turn alone (`agentenv.types.turns_of`), so nothing written in one
+turn completes a tag or an answer opened in another. `<answer>\\boxed{4` in one
+turn and `2}</answer>` in the next is no answer of 42 (ARPO: -1, unbalanced
+turns; f1, exact, math: 0, no answer), nor is an `<answer>` opened before a
+tool call and closed after its result.
+ARPO's format is one assistant turn; a plain string is scored as that one turn.
+A reward of your own that reads tags should do the same (`turns_of(response)`).
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from agentenv.errors import ConfigError
 from agentenv.registry import Registry
 from agentenv.tasks.mathcheck import math_equal, normalize_math, unwrap_text
 from agentenv.tasks.task import Task
+from agentenv.types import turns_of
 
 FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "answer")
 """Tags whose opening and closing must alternate in the policy's text (`browse` is the browser tool's tag)."""
@@ -116,18 +128,38 @@ def exact_match(prediction: str, ground_truth: str) -> bool:
 # ----------------------------------------------------------------------------- format
 
 
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+_SPACED_BOX = re.compile(r" +([^\s$]+)")
+_BRACE = re.compile(r"[{}]")
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Where each `{` of `text` closes (`{` index -> matching `}` index; unclosed ones absent), in one pass."""
+    close: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE.finditer(text):
+        if m[0] == "{":
+            stack.append(m.start())
+        elif stack:
+            close[stack.pop()] = m.start()
+    return close
+
+
 def extract_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (nested braces allowed) or `\\boxed x`, else None."""
-    for start in reversed([m.end() for m in re.finditer(r"\\(?:boxed|fbox)", text)]):
-        rest = text[start:]
-        if rest.startswith("{"):
-            depth = 0
-            for j, ch in enumerate(rest):
-                depth += {"{": 1, "}": -1}.get(ch, 0)
-                if depth == 0:
-                    return rest[1:j]
+    """The content of the last `\\boxed{...}` (nested braces allowed) or `\\boxed x`, else None.
+
+    An unclosed `\\boxed{` is skipped for an earlier one. Linear in the text: the
+    braces are matched once, not rescanned for every `\\boxed`.
+    """
+    starts = [m.end() for m in _BOX.finditer(text)]
+    close = _closing_braces(text) if starts else {}
+    for start in reversed(starts):
+        if text.startswith("{", start):
+            end = close.get(start)
+            if end is not None:
+                return text[start + 1 : end]
             continue  # unclosed: try an earlier one
-        m = re.match(r" +([^\s$]+)", rest)
+        m = _SPACED_BOX.match(text, start)
         if m:
             return m[1]
     return None
@@ -148,18 +180,38 @@ def tags_balanced(text: str, tags: Sequence[str] = FORMAT_TAGS) -> str | None:
 
 
 def _answer_block(response: str) -> str | None:
-    blocks = re.findall(r"<answer>(.*?)</answer>", response, flags=re.DOTALL)
-    return blocks[-1] if blocks else None
+    """The inner text of the last `<answer>...</answer>` of one turn, else None (one pass, as `re.findall` pairs them)."""
+    last, pos = None, 0
+    while (i := response.find("<answer>", pos)) >= 0:
+        j = response.find("</answer>", i + len("<answer>"))
+        if j < 0:
+            break
+        last, pos = response[i + len("<answer>") : j], j + len("</answer>")
+    return last
+
+
+def _last_answer_block(response: str) -> str | None:
+    """The last answer block of a response, each turn read alone (a block never spans two turns)."""
+    blocks = (_answer_block(turn) for turn in reversed(turns_of(response)))
+    return next((b for b in blocks if b is not None), None)
 
 
 def check_format(response: str) -> tuple[bool, str | None, str]:
-    """ARPO's format rule on what the policy wrote. Returns (ok, boxed answer or None, reason)."""
-    if re.search(rf"</?{RESULT_TAG}>", response):
-        return False, None, f"the policy wrote a <{RESULT_TAG}> tag (results come from tools)"
-    bad = tags_balanced(response)
-    if bad:
-        return False, None, f"unbalanced <{bad}> tags"
-    block = _answer_block(response)
+    """ARPO's format rule on what the policy wrote. Returns (ok, boxed answer or None, reason).
+
+    Each turn of a `PolicyText` is checked alone: its tags open and close
+    within it, so an answer opened in one turn and finished in the next is
+    unbalanced, not an answer. A plain string is one turn.
+    """
+    turns = turns_of(response)
+    for turn in turns:
+        if re.search(rf"</?{RESULT_TAG}>", turn):
+            return False, None, f"the policy wrote a <{RESULT_TAG}> tag (results come from tools)"
+    for i, turn in enumerate(turns, start=1):
+        bad = tags_balanced(turn)
+        if bad:
+            return False, None, f"unbalanced <{bad}> tags" + (f" in turn {i}" if len(turns) > 1 else "")
+    block = _last_answer_block(response)
     if block is None:
         return False, None, "no <answer>...</answer>"
     boxed = extract_boxed(block)
@@ -181,7 +233,9 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
 
     Args:
         response: What the policy wrote: its turns, decoded, without the
-            tools' results (`AgentEnv.policy_text`).
+            tools' results (`AgentEnv.policy_text`, a `PolicyText`). Each turn is
+            checked alone: a tag or an answer must open and close in the same
+            turn (a plain string is one turn).
         task: The task; `ability` picks F1 (qa) or equality (math); every answer in
             `metadata["answers"]` is accepted (the best one counts).
         tool_calls: Calls per tool name, e.g. `{"search": 2, "python": 1}`.
@@ -210,7 +264,7 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
 
 def extract_answer(response: str) -> str | None:
     """The answer of a response: the last `<answer>` block, or the last `\\boxed{}` inside it; None without one."""
-    block = _answer_block(response)
+    block = _last_answer_block(response)
     if block is None:
         return None
     boxed = extract_boxed(block)

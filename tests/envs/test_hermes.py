@@ -141,6 +141,30 @@ def test_malformed_call_is_answered_not_raised(tok, task, enc):
     assert env.trajectory().tool_calls == {"invalid": 1}
 
 
+HOSTILE_CALLS = {
+    "3,000 nested [": ("<tool_call>" + "[" * 3000 + "</tool_call>", "nested too deeply"),
+    "a 5,000-digit number": ("<tool_call>" + "9" * 5000 + "</tool_call>", "digits"),
+    "a 5,000-digit argument": (
+        '<tool_call>{"name": "search", "arguments": {"query": ' + "9" * 5000 + "}}</tool_call>", "digits"
+    ),
+    "nested arguments as a string": (
+        '<tool_call>{"name": "search", "arguments": "' + "[" * 3000 + '"}</tool_call>', '"arguments" must be'
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_CALLS)
+def test_every_parse_failure_is_a_malformed_call_the_model_reads(tok, task, enc, case):
+    text, reason = HOSTILE_CALLS[case]
+    parsed = parse_hermes(text, {"search": EchoTool("search")})
+    assert parsed.kind == "malformed" and reason in parsed.error, parsed
+    env = hermes_env(tok, max_context_tokens=8192, max_result_tokens=400)
+    env.reset(seed=0, options={"task": task})
+    obs, r, term, trunc, info = env.step(enc(text) + [tok.eos_token_id])  # raised RecursionError / ValueError
+    assert not (term or trunc) and info["tool"] == "invalid" and reason in tok.decode(obs)
+    assert from_scratch_ids(env, tok) == env.context
+
+
 def test_eos_without_a_call_ends_the_episode(tok, task, enc):
     env = hermes_env(tok)
     env.reset(seed=0, options={"task": task})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from agentenv.tasks.rewards import (
 )
 from agentenv.tasks.task import Task
 from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
+from agentenv.types import PolicyText
 
 
 def qa(truth: str, answers=None) -> Task:
@@ -267,3 +269,37 @@ def test_a_users_reward_may_return_a_pair():
     assert as_reward_result((0.5, True)).score == 0.5 and as_reward_result((0.5, True)).correct
     with pytest.raises(TypeError, match="a reward must return"):
         as_reward_result("good")
+
+
+# ----------------------------------------------------------------------------- turns and hostile sizes
+
+
+def test_each_turn_is_its_own_text():
+    split = PolicyText(["<answer>\\boxed{4", "2}</answer>"])
+    assert str(split) == "<answer>\\boxed{4\n2}</answer>"  # as one text it would read as an answer of 42
+    assert check_format(split) == (False, None, "unbalanced <answer> tags in turn 1")
+    assert arpo_reward(split, math("42"), NO_TOOLS).score == -1.0
+    assert get_reward("math")(split, math("42"), NO_TOOLS).score == 0.0  # no answer in any one turn
+    spanning = PolicyText(["<answer><search>q</search>", "\\boxed{42}</answer>"])
+    assert arpo_reward(spanning, math("42"), {"search": 1}).score == -1.0
+    assert get_reward("exact")(spanning, qa("42"), {"search": 1}).score == 0.0
+    whole = PolicyText(["<think>x</think><search>q</search>", "<think>y</think><answer>\\boxed{42}</answer>"])
+    assert check_format(whole) == (True, "42", "ok") and arpo_reward(whole, math("42"), {"search": 1}).score == 1.0
+    assert pickle.loads(pickle.dumps(split)).turns == split.turns
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<answer>" + "\\boxed{" * 20_000 + "</answer>",  # every box unclosed: each one was rescanned to the end
+        "<answer>\\boxed{1}" + "\\boxed{" * 20_000 + "</answer>",
+        "<answer>" * 20_000 + "\\boxed{1}",  # no closing tag: each opening was matched to the end
+    ],
+    ids=["unclosed boxes", "a closed box first", "unclosed answers"],
+)
+def test_reward_parsing_is_linear(response):
+    t0 = time.perf_counter()
+    for name in ("arpo", "math", "f1"):
+        get_reward(name)(response, math("1"), NO_TOOLS)
+    assert extract_boxed(response.replace("<answer>", "")) in (None, "1")
+    assert time.perf_counter() - t0 < 2.0  # quadratic parsing took minutes here (0.8 s for 1,000 boxes, 13 s for 4,000)

@@ -57,6 +57,13 @@ CASES = {
     "tasks file garbage": ([*JSONL, "env.tasks.path={garbage}"], "env.tasks.path", "not valid JSON"),
     "output_dir under a file": (["trainer.output_dir={file}/run"], "trainer.output_dir", "not writable"),
     "output_dir is a file": (["trainer.output_dir={file}"], "trainer.output_dir", "is a file"),
+    # issue 29: each of these ran into a numpy or torch traceback, or finished (rc 0) with every trajectory failed
+    "seed negative": (["trainer.seed=-1"], "trainer.seed", "-1"),
+    "seed past 2**32": (["trainer.seed=4294967296"], "trainer.seed", "4294967296"),
+    "seed 1e25": (["trainer.seed=10000000000000000000000000"], "trainer.seed", "10000000000000000000000000"),
+    "eval seed negative": (["trainer.eval_seed=-1"], "trainer.eval_seed", "-1"),
+    "device not a device": (["policy.hf.device=cuda:abc"], "policy.hf.device", "cuda:abc"),
+    "model length below the context": (["policy.hf.max_model_len=16"], "policy.hf.max_model_len", "16 is below"),
     "context smaller than the prompts": (
         ["env.max_context_tokens=64", "env.max_result_tokens=16", "policy.max_turn_tokens=8"],
         "env.max_context_tokens", "-token prompt",
@@ -74,6 +81,17 @@ def test_a_bad_config_is_one_line_naming_the_key(fast_overrides, paths, case):
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {key}: "), res.output[-2000:]
     assert says.format(**paths) in errors[0], errors[0]
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_one_line(fast_overrides, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # whatever this machine has
+    res = CliRunner().invoke(app, ["train", "configs/toy_grpo.yaml", *fast_overrides, "policy.hf.device=cuda"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, (res.exit_code, res.output[-3000:], res.exception)
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert errors == ["error: policy.hf.device: 'cuda' asks for a GPU, but this machine has no CUDA device "
+                      "(torch.cuda.is_available() is False); use auto or cpu"], res.output[-2000:]  # fmt: skip
 
 
 def test_the_real_command_exits_2_with_one_line(tmp_path):

@@ -38,6 +38,10 @@ class BrowserConfig:
         max_concurrency: Connections open at once (per tool and its forks).
         passage_chars: Characters of the page kept around the passage most
             relevant to the goal (ARPO: about 6,000).
+        select_max_chars: Characters of a page's text (from its start) searched
+            for that passage; the rest of a longer page is not read. Selection
+            costs about 0.8 s and 14 MiB per million characters (a 4 MiB page:
+            4-6 s and 60-120 MiB), so this bounds a hostile page's cost.
         summary_max_tokens: Most tokens the summarizer writes.
         summary_input_tokens: Most tokens of the selected passage put into the
             summarizer's prompt (the passage is cut to fit).
@@ -59,6 +63,7 @@ class BrowserConfig:
     user_agent: str = "Mozilla/5.0 (compatible; agentenv-browser/0.1)"
     max_concurrency: int = 16
     passage_chars: int = DEFAULT_PASSAGE_CHARS
+    select_max_chars: int = 500_000
     summary_max_tokens: int = 512
     summary_input_tokens: int = 3072
     summary_temperature: float = 0.0
@@ -81,6 +86,7 @@ class BrowserConfig:
         _check_int("full_extraction_max_bytes", self.full_extraction_max_bytes, 0)
         _check_int("max_concurrency", self.max_concurrency, 1)
         _check_int("passage_chars", self.passage_chars, 200)
+        _check_int("select_max_chars", self.select_max_chars, self.passage_chars)
         _check_int("summary_max_tokens", self.summary_max_tokens, 1)
         _check_int("summary_input_tokens", self.summary_input_tokens, 16)
         if not math.isfinite(self.summary_temperature) or self.summary_temperature < 0:

@@ -179,10 +179,11 @@ class BrowserTool:
         """
         page, cache_hit = await self.read(url)
         budget = passage_chars or self.config.passage_chars
-        if len(page.text) > _INLINE_SELECT_CHARS:  # ~1 ms per 10k chars: keep the event loop free
-            sel = await asyncio.to_thread(select_passage, page.text, goal, budget)
+        text = page.text[: max(self.config.select_max_chars, budget)]  # selection's time and memory grow with it
+        if len(text) > _INLINE_SELECT_CHARS:  # ~1 ms per 10k chars: keep the event loop free
+            sel = await asyncio.to_thread(select_passage, text, goal, budget)
         else:
-            sel = select_passage(page.text, goal, budget)
+            sel = select_passage(text, goal, budget)
         passage = ("[...] " if sel.start > 0 else "") + sel.text + (" [...]" if sel.end < len(page.text) else "")
         body, summarized = passage, False
         if self.summarizer is not None:

@@ -29,7 +29,7 @@ class SearchToolConfig:
             lines (ARPO's `search_cache.json`).
         index_dir: Where the local/dense index is saved; default beside the corpus.
         k: Results per query (ARPO: Bing's top 10).
-        max_chars: Each passage or snippet is cut to this many characters (ARPO: 1,000).
+        max_chars: Each passage or snippet, and its title and url, is cut to this many characters (ARPO: 1,000).
         show_url: Print each web result's url under its title (for agents that browse).
         cache: SQLite file shared by every process; None turns the cache off.
         cache_ttl_s: Cached answers older than this are fetched again; None: never.

@@ -46,14 +46,15 @@ def format_pages(passages: list[Passage], max_chars: int = DEFAULT_MAX_CHARS, sh
 
     Args:
         passages: Hits, best first.
-        max_chars: Each passage's text is cut to this many characters.
+        max_chars: Each passage's title, url and text are cut to this many
+            characters (a provider's answer can hold a title of any length).
         show_url: Put the url on its own line under the title (for agents that browse).
     """
     blocks = []
     for i, p in enumerate(passages, start=1):
-        head = f"Page {i}: {p.title}"
+        head = f"Page {i}: {p.title[:max_chars]}"
         if show_url and p.url:
-            head += f"\n{p.url}"
+            head += f"\n{p.url[:max_chars]}"
         blocks.append(f"{head}\n{p.text[:max_chars]}")
     return "\n\n".join(blocks)
 

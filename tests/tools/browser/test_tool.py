@@ -200,3 +200,37 @@ def test_config_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+async def test_selection_reads_a_bounded_start_of_a_huge_page(monkeypatch):
+    """A 4 MiB page cost 5.7 s and 121 MiB in select_passage: it reads at most select_max_chars of it."""
+    from agentenv.tools.browser import tool as tool_module
+    from agentenv.tools.browser.page import Page
+
+    needle = "The Zephyr observatory's launch code is 7731-ALPHA."
+    text = "River market season. " * 500 + needle + " " + "Harbor bridge village. " * 190_000  # 4.4 MB
+    page = Page(url="https://ex.org/big", final_url="https://ex.org/big", title="Big", text=text,
+                content_type="text/html", encoding="utf-8", num_bytes=len(text), truncated=False)  # fmt: skip
+    tool = BrowserTool(BrowserConfig(select_max_chars=100_000))
+
+    async def read(url):
+        return page, False
+
+    seen: list[int] = []
+    select = tool_module.select_passage
+
+    def spy(text, goal, budget):
+        seen.append(len(text))
+        return select(text, goal, budget)
+
+    monkeypatch.setattr(tool, "read", read)
+    monkeypatch.setattr(tool_module, "select_passage", spy)
+    try:
+        d = await tool.digest("https://ex.org/big", "Zephyr launch code")
+    finally:
+        await tool.aclose()
+    assert seen == [100_000]  # the whole 4.4 MB page was selected from
+    assert needle in d.body and d.body.endswith(" [...]") and d.metadata["page_chars"] == len(text)
+    assert BrowserConfig().select_max_chars == 500_000
+    with pytest.raises(ConfigError, match="browse.select_max_chars"):
+        BrowserConfig(passage_chars=6000, select_max_chars=1000)  # less than the passage it selects

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from agentenv.errors import ToolError
 from agentenv.tools.search.bing import BingSearchTool
-from agentenv.tools.search.cache import SearchCache
+from agentenv.tools.search.cache import CachedSearchTool, SearchCache
 from agentenv.tools.search.config import SearchToolConfig, make_search_tool
 from agentenv.tools.search.http import RetryPolicy
 from agentenv.tools.search.searxng import SearxngSearchTool
@@ -132,3 +132,30 @@ def test_a_corrupt_cache_file_is_named_as_such_not_as_a_full_disk(tmp_path):
     msg = str(ei.value)
     assert "not an intact SQLite database" in msg and "disk space" not in msg
     assert str(path) in msg
+
+
+async def test_titles_and_urls_are_cut_like_snippets(provider):
+    """10 results with 400 KB titles made a 4 MB result (a step stalled 13-20 s tokenizing it)."""
+    provider.script = [provider.ok({"webPages": {"value": [
+        {"name": "T" * 400_000, "url": "https://ex.org/" + "u" * 400_000, "snippet": "s" * 400_000} for _ in range(10)
+    ]}})]  # fmt: skip
+    tool = bing(provider, max_chars=1000, show_url=True, max_response_bytes=16 * 1024 * 1024)
+    try:
+        res = await tool("q")
+    finally:
+        await tool.aclose()
+    assert res.ok and res.text.startswith("Page 1: " + "T" * 1000 + "\nhttps://ex.org/")
+    assert len(res.text) <= 10 * (3 * 1000 + 20), len(res.text)
+
+
+async def test_a_lone_surrogate_in_an_answer_reaches_the_model_as_text(provider, tmp_path):
+    """JSON may escape a lone surrogate (`"\\ud800"`): the cache failed to store it (UnicodeEncodeError); it is U+FFFD."""
+    provider.script = [provider.raw('{"webPages": {"value": [{"name": "abc \\ud800", "url": "https://ex.org/a", '
+                                    '"snippet": "x\\u0000y"}]}}')]  # fmt: skip
+    tool = CachedSearchTool(bing(provider), SearchCache(tmp_path / "cache.sqlite"))
+    try:
+        res = await tool("q")
+        again = await tool("q")  # from the cache
+    finally:
+        await tool.aclose()
+    assert res.ok and "Page 1: abc \ufffd\nx\ufffdy" in res.text and again.text == res.text
