@@ -250,6 +250,8 @@ class RunConfig:
                 "policy.max_turn_tokens",
                 f"{self.policy.max_turn_tokens} must be below env.max_context_tokens {self.env.max_context_tokens}",
             )
+        if self.rollout.agent is not None:
+            _check_agent(self)
         object.__setattr__(self, "_algorithm_config", algo_cfg)
         object.__setattr__(self, "_backend_config", backends[self.policy.backend])
 
@@ -266,6 +268,16 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The plain mapping `config_from_dict` reads back into an equal config."""
         return dump_dataclass(self)
+
+
+def _check_agent(cfg: RunConfig) -> None:
+    """`rollout.agent`: it imports as an async function, and the algorithm samples independently."""
+    from agentenv.algorithms import get_algorithm
+    from agentenv.rollout.endpoint.agent import TREE_REFUSAL, load_agent
+
+    load_agent(cfg.rollout.agent)  # type: ignore[arg-type]
+    if getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+        raise ConfigError("rollout.agent", f"cannot train with algorithm {cfg.algorithm.name!r}: {TREE_REFUSAL}")
 
 
 # --------------------------------------------------------------------------- loading

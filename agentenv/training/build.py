@@ -100,12 +100,15 @@ class Runtime:
     tasks: TaskSet
     make_env: Callable[[], Any]
     extras: dict[str, Any] = field(default_factory=dict)
+    agent: Any = None  # `rollout.agent`'s AgentRunner (agentenv.rollout.endpoint.agent), None without one
 
     async def aclose(self) -> None:
         from agentenv.envs.results import close_tool
 
         for tool in self.tools.values():
             await close_tool(tool, _CLOSE_TIMEOUT_S)
+        if self.agent is not None:
+            await self.agent.aclose()
         close = getattr(self.policy, "aclose", None) or getattr(self.policy, "close", None)
         if close is not None:
             res = close()
@@ -126,4 +129,16 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
     tools = build_tools(cfg.env)
     policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
-    return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
+    rt = Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
+    if cfg.rollout.agent is not None:
+        rt.agent = build_agent_runner(cfg, tokenizer)
+    return rt
+
+
+def build_agent_runner(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The runner of `rollout.agent`: the endpoint over the policy, rendering with the env's chat template."""
+    from agentenv.envs.chat import ChatTemplate
+    from agentenv.rollout.endpoint.agent import AgentRunner
+
+    chat = ChatTemplate.from_config(tokenizer, cfg.env.chat_template, cfg.env.chat_template_kwargs)
+    return AgentRunner(cfg.rollout.agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)
