@@ -252,6 +252,7 @@ class RunConfig:
             )
         if self.rollout.agent is not None:
             _check_agent(self)
+        _check_forks(self)
         object.__setattr__(self, "_algorithm_config", algo_cfg)
         object.__setattr__(self, "_backend_config", backends[self.policy.backend])
 
@@ -278,6 +279,19 @@ def _check_agent(cfg: RunConfig) -> None:
     load_agent(cfg.rollout.agent)  # type: ignore[arg-type]
     if getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
         raise ConfigError("rollout.agent", f"cannot train with algorithm {cfg.algorithm.name!r}: {TREE_REFUSAL}")
+
+
+def _check_forks(cfg: RunConfig) -> None:
+    """A tree sampler forks episodes mid-way: refuse tools whose config says they cannot follow (`unforkable()`)."""
+    from agentenv.algorithms import get_algorithm
+
+    if not getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+        return
+    for name, (_, tool_cfg) in cfg.env.tool_parts().items():
+        for key, why in (getattr(tool_cfg, "unforkable", lambda: {})() or {}).items():
+            raise ConfigError(f"env.tools.{name}.{key}", f"{why}, and algorithm {cfg.algorithm.name!r} forks "
+                              "episodes at branch points; use an independent-sampler algorithm (grpo, ...) or a "
+                              "stateless server")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- loading

@@ -72,8 +72,13 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -
 
 
 def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
-    """Prototype tools by the name the config gives them (episodes fork them)."""
-    return {name: part.make(config) for name, (part, config) in cfg.tool_parts().items()}
+    """Prototype tools by their names (episodes fork them); a factory that makes several (`mcp`) gives a list."""
+    out: dict[str, Any] = {}
+    for name, (part, config) in cfg.tool_parts().items():
+        made = part.make(config)
+        for tool in made if isinstance(made, (list, tuple)) else [made]:
+            out[tool.name if isinstance(made, (list, tuple)) else name] = tool
+    return out
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:

@@ -1,0 +1,50 @@
+"""An MCP server written with the SDK's server class (`MCPServer`, FastMCP's name in mcp 2.x), run over stdio.
+
+    python calc_server.py            # tools: add, divide, crash, remember/recall (state kept in the process)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("calc")
+_notes: list[str] = []
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def divide(a: float, b: float) -> float:
+    """Divide a by b."""
+    return a / b  # b == 0 raises: the server reports it as a tool error
+
+
+@server.tool()
+def crash(reason: str) -> str:
+    """Exit the server process at once (a server that dies mid-episode)."""
+    os._exit(3)
+
+
+@server.tool()
+def remember(note: str) -> str:
+    """Keep a note in this process."""
+    _notes.append(note)
+    return f"{len(_notes)} notes"
+
+
+@server.tool()
+def recall(prefix: str) -> str:
+    """The notes kept so far that start with `prefix`, and this process's id."""
+    return f"pid {os.getpid()}: " + ", ".join(n for n in _notes if n.startswith(prefix))
+
+
+if __name__ == "__main__":
+    print("calc server up", file=sys.stderr)
+    server.run("stdio")
