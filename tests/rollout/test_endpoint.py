@@ -326,3 +326,25 @@ def test_config_refuses_tree_samplers_and_bad_agents(tiny_model_path):
         assert e.value.key == "rollout.endpoint.host"
     finally:
         del sys.path[0]
+
+
+async def test_a_prefilled_assistant_turn_continues_the_trajectory(tok, chat):
+    """An agent that appends a result to the model's own turn and sends it back as the last (assistant) message:
+    the turn continues, and only the appended text is new tokens (as the tags format's results)."""
+    policy = ScriptedPolicy(tok, ["<python>print(2+3)</python>", "<answer>5</answer>"])
+    ep = await started(chat)
+    rec = ep.open_episode(policy, PARAMS, seed=0)
+    client = client_of(ep, rec.key)
+    try:
+        messages = [{"role": "user", "content": "2 + 3?"}]
+        r1 = await client.chat.completions.create(model="agentenv", messages=messages, stop=["</python>"])
+        assert r1.choices[0].message.content == "<python>print(2+3)</python>"
+        turn = r1.choices[0].message.content + "<result>\n5\n</result>"
+        r2 = await client.chat.completions.create(model="agentenv", messages=messages + [{"role": "assistant", "content": turn}])
+    finally:
+        await client.close()
+        await ep.aclose()
+    (traj,) = rec.trajectories("t")
+    assert [s.source for s in traj.segments] == ["prompt", "policy", "tool", "policy"]
+    assert traj.segments[2].token_ids == tok.encode("<result>\n5\n</result>", add_special_tokens=False)
+    assert traj.segments[3].token_ids == r2.choices[0].token_ids and rec.prefix_breaks == 0
