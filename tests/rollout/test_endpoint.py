@@ -348,3 +348,24 @@ async def test_a_prefilled_assistant_turn_continues_the_trajectory(tok, chat):
     assert [s.source for s in traj.segments] == ["prompt", "policy", "tool", "policy"]
     assert traj.segments[2].token_ids == tok.encode("<result>\n5\n</result>", add_special_tokens=False)
     assert traj.segments[3].token_ids == r2.choices[0].token_ids and rec.prefix_breaks == 0
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "dr_grpo"])
+def test_every_independent_sampler_algorithm_takes_an_agents_groups(name):
+    """An agent's group may hold more trajectories than episodes (sub-calls): every independent-sampler
+    algorithm gives each of them per-token advantages."""
+    from agentenv.algorithms import get_algorithm
+    from agentenv.configs import AlgorithmSection
+    from agentenv.types import Group, Segment, Trajectory
+
+    cls = get_algorithm(name)
+    algo = cls(AlgorithmSection(name=name, params={"group_size": 2}).build())
+    assert not getattr(cls, "grows_trees", False)
+
+    def traj(reward: float, n: int) -> Trajectory:
+        return Trajectory("t", [Segment("prompt", [1, 2]), Segment("policy", [3] * n, [0.0] * n, [0.0] * n)], reward=reward)
+
+    group = Group(_task(), [traj(1.0, 3), traj(1.0, 2), traj(0.0, 4)])  # episode 1: main + sub-call; episode 2
+    advs = algo.advantages(group)
+    assert [len(a) for a in advs] == [5, 4, 6]
+    assert float(advs[0][-1]) > float(advs[2][-1])

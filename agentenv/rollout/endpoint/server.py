@@ -197,8 +197,7 @@ class Endpoint:
             raise RequestError(400, "stop must be a string or a list of non-empty strings", "invalid_value", "stop")
         if body.get("tool_choice") not in (None, "auto", "none"):
             raise RequestError(400, "tool_choice may be 'auto' or 'none' only", "unsupported", "tool_choice")
-        tools = body.get("tools") if body.get("tool_choice") != "none" else None
-        prep = rec.prepare(body.get("messages"), tools)
+        prep = rec.prepare(body.get("messages"), body.get("tools"))  # shown to the model even with tool_choice none
         if prep.prefix_break:
             rec.prefix_breaks += 1
             self.counts["prefix_breaks"] += 1
@@ -214,7 +213,8 @@ class Endpoint:
             raise RequestError(409, "this API key's episode ended while the request was answered; it is not recorded",
                                "episode_ended")  # fmt: skip
         text = self.chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        content, calls = parse_tool_calls(text, prep.tool_names) if prep.tool_names else (text, [])
+        calling = prep.tool_names and body.get("tool_choice") != "none"
+        content, calls = parse_tool_calls(text, prep.tool_names) if calling else (text, [])
         thread = rec.record(prep, gen, calls, content, elapsed)
         self.counts["requests"] += 1
         finish = "tool_calls" if calls else ("length" if gen.finish_reason == "length" else "stop")
