@@ -1,6 +1,6 @@
 """An MCP server written with the SDK's server class (`MCPServer`, FastMCP's name in mcp 2.x), run over stdio.
 
-    python calc_server.py            # tools: add, divide, crash, remember/recall (state kept in the process)
+    python calc_server.py [--http PORT]   # stdio, or streamable HTTP on 127.0.0.1; tools: add, divide, crash, remember/recall (state kept in the process)
 """
 
 from __future__ import annotations
@@ -46,5 +46,7 @@ def recall(prefix: str) -> str:
 
 
 if __name__ == "__main__":
-    print("calc server up", file=sys.stderr)
-    server.run("stdio")
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT/mcp
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

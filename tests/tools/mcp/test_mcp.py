@@ -174,3 +174,31 @@ def test_trains_two_steps_from_yaml(servers, tmp_path, tiny_model_path):
     assert names == set().union(*(listed[s] for s in servers))
     for name in names:  # the schemas are in the prompt, in the hermes tool-call format's system turn
         assert f'"name": "{name}"' in prompt
+
+
+async def test_a_server_by_url_over_streamable_http():
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tools = []
+    try:
+        for _ in range(100):  # until it listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        tools = await asyncio.to_thread(tools_of, {"calc": {"url": f"http://127.0.0.1:{port}/mcp", "startup_timeout_s": 5}})
+        by = {t.name: t for t in tools}
+        assert (await by["add"]('{"a": 40, "b": 2}')).text == "42"
+        proc.terminate()
+        proc.wait(10)
+        gone = await by["add"]('{"a": 1, "b": 1}')  # the server is gone: a result the model reads, not a crash
+        assert not gone.ok and gone.text.startswith("Error:")
+    finally:
+        proc.kill()
+        await close_all(tools)
