@@ -369,3 +369,23 @@ def test_every_independent_sampler_algorithm_takes_an_agents_groups(name):
     advs = algo.advantages(group)
     assert [len(a) for a in advs] == [5, 4, 6]
     assert float(advs[0][-1]) > float(advs[2][-1])
+
+
+async def test_a_streaming_client_gets_the_completion_and_it_is_recorded(tok, chat):
+    from endpoint_agents import TOOLS
+
+    ep = await started(chat)
+    rec = ep.open_episode(script(tok), PARAMS, seed=0)
+    client = client_of(ep, rec.key)
+    try:
+        stream = await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": "2 + 3?"}],
+                                                      tools=TOOLS, stream=True, stream_options={"include_usage": True})  # fmt: skip
+        chunks = [c async for c in stream]
+    finally:
+        await client.close()
+        await ep.aclose()
+    delta = chunks[0].choices[0].delta
+    assert delta.content == "Let me add." and delta.tool_calls[0].function.name == "add"
+    assert chunks[1].choices[0].finish_reason == "tool_calls" and chunks[-1].usage.completion_tokens > 0
+    (traj,) = rec.trajectories("t")
+    assert traj.segments[1].token_ids == chunks[0].choices[0].model_extra["token_ids"]

@@ -12,6 +12,10 @@ shape (`{"error": {"message", "type", "param", "code"}}`) and change nothing:
 - 403 a client that is not on loopback (unless `rollout.endpoint.allow_remote`);
 - 404 an unknown model (`model_not_found`) or route; 504 the policy timed out.
 
+`stream: true` is answered once the completion is whole, as one chunk (then
+its finish reason, its usage if `stream_options.include_usage`, and `[DONE]`),
+for clients that only stream.
+
 Sampling follows the run (`policy.temperature`, `top_p`, `top_k`: the loss
 assumes them); a request's `max_tokens`/`max_completion_tokens` can only lower
 `policy.max_turn_tokens`, its `stop` strings are honored, and its
@@ -183,8 +187,6 @@ class Endpoint:
         if model != self.config.model_name:
             raise RequestError(404, f"the model {model!r} does not exist; this endpoint serves {self.config.model_name!r}",
                                "model_not_found", "model")  # fmt: skip
-        if body.get("stream"):
-            raise RequestError(400, "stream=true is not supported; request the whole completion", "unsupported", "stream")
         if body.get("n", 1) != 1:
             raise RequestError(400, "only n=1 is supported (sample again for another completion)", "unsupported", "n")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -230,15 +232,40 @@ class Endpoint:
                 for t, lp, h in zip(gen.token_ids, gen.logprobs, gen.entropies)
             ]}  # fmt: skip
         n_prompt, n_out = len(prep.prompt_ids), len(gen.token_ids)
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{secrets.token_hex(12)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.config.model_name,
-                "choices": [choice],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
-                "agentenv": {"trajectory": thread.uid, "episode": rec.uid},
-            },
-            headers={"x-agentenv-trajectory": thread.uid},
-        )
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        out = {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.config.model_name,
+            "choices": [choice],
+            "usage": usage,
+            "agentenv": {"trajectory": thread.uid, "episode": rec.uid},
+        }
+        headers = {"x-agentenv-trajectory": thread.uid}
+        if body.get("stream"):
+            return await self._stream(request, out, body, headers)
+        return web.json_response(out, headers=headers)
+
+    async def _stream(self, request: web.Request, out: dict[str, Any], body: Mapping[str, Any],
+                      headers: dict[str, str]) -> web.StreamResponse:  # fmt: skip
+        """`stream: true`: the whole completion as one chunk, then its finish (and usage, if asked), then [DONE]."""
+        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        choice = out["choices"][0]
+        delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
+        if "tool_calls" in choice["message"]:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
+        head = {k: out[k] for k in ("id", "created", "model", "agentenv")} | {"object": "chat.completion.chunk"}
+        first: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "token_ids": choice["token_ids"]}
+        if "logprobs" in choice:
+            first["logprobs"] = choice["logprobs"]
+        chunks = [{**head, "choices": [first]},
+                  {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]  # fmt: skip
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": out["usage"]})
+        for c in chunks:
+            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
