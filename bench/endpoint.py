@@ -10,7 +10,7 @@ client's wall time minus the time its `policy.generate` call took inside the
 endpoint (HTTP, JSON, the openai client's parsing, rendering the messages,
 tokenizing, stitching and recording). The goal: under 5 ms at p50.
 
-    python bench/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted]
+    python bench/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
 
 `--backend scripted` answers every request at once with a fixed text (the tiny
 model's tokenizer): the latency left is the endpoint's and the client's own.
@@ -101,9 +101,16 @@ async def main(args: argparse.Namespace) -> None:
         async def agent(a: int) -> None:
             rec = ep.open_episode(policy, params, seed=a)
             client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, http_client=http)
+            auth = {"Authorization": f"Bearer {rec.key}"}
             for i in range(args.requests):
                 t0 = time.perf_counter()
-                await client.chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=args.max_tokens)
+                if args.client == "openai":
+                    await client.chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=args.max_tokens)
+                else:  # the bare HTTP request: what the endpoint costs without the openai client's own work
+                    r = await http.post(ep.url + "/chat/completions", headers=auth, json={
+                        "model": "agentenv", "messages": messages(a, i), "max_tokens": args.max_tokens})  # fmt: skip
+                    r.raise_for_status()
+                    r.json()
                 dt = time.perf_counter() - t0
                 wall.append(dt)
                 added.append(dt - policy.took[derive_seed(a, i)])
@@ -141,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
         n = agents * args.requests
         print(f"| {agents} | policy.generate, direct | {n / t_d:.1f} | {pct(lat, .5) * ms:.1f} | {pct(lat, .95) * ms:.1f} "
               "| | | | |")  # fmt: skip
-        print(f"| {agents} | endpoint + openai client | {n / t_e:.1f} | {pct(wall, .5) * ms:.1f} | {pct(wall, .95) * ms:.1f} "
+        print(f"| {agents} | endpoint + {args.client} client | {n / t_e:.1f} | {pct(wall, .5) * ms:.1f} | {pct(wall, .95) * ms:.1f} "
               f"| {pct(added, .5) * ms:.2f} | {pct(added, .95) * ms:.2f} | {pct(server, .5) * ms:.2f} "
               f"| {pct(server, .95) * ms:.2f} |")  # fmt: skip
     print("\nadded: per request, the client's wall time minus its policy.generate time inside the endpoint (HTTP, "
@@ -158,4 +165,6 @@ if __name__ == "__main__":
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "scripted"])
+    ap.add_argument("--client", default="openai", choices=["openai", "httpx"],
+                    help="httpx: bare HTTP requests instead of the openai client")
     asyncio.run(main(ap.parse_args()))
