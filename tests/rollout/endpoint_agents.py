@@ -92,6 +92,13 @@ async def subcall_agent(client: Any, task: Any) -> str:
     return second.choices[0].message.content or ""
 
 
+async def closing_agent(client: Any, task: Any) -> str:
+    """Closes its client when done, as `async with client:` does."""
+    async with client:
+        resp = await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    return resp.choices[0].message.content or ""
+
+
 async def no_request_agent(client: Any, task: Any) -> str:
     return "nothing asked"
 

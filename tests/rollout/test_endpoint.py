@@ -304,28 +304,31 @@ async def test_agent_faults_fail_their_episode_only(tok, chat):
     assert t.failed and "no chat completion request" in t.error
 
 
-def test_config_refuses_tree_samplers_and_bad_agents(tiny_model_path):
+async def test_an_agent_that_closes_its_client_leaves_the_others_theirs(tok, chat):
+    runner = AgentRunner("endpoint_agents:closing_agent", chat, get_reward("exact"), RolloutConfig(), 4096)
+    try:
+        first = await runner.run_group(script(tok), _task(), 2, PARAMS, seed=0)
+        second = await runner.run_group(script(tok), _task(), 2, PARAMS, seed=1)
+    finally:
+        await runner.aclose()
+    assert not any(t.failed for t in [*first, *second]), [t.error for t in [*first, *second]]
+
+
+def test_config_refuses_tree_samplers_and_bad_agents():
     from agentenv.configs import config_from_dict
 
-    sys_path = [str(HERE)]
-    import sys
-
-    sys.path[:0] = sys_path
-    try:
-        cfg = config_from_dict({}, ["rollout.agent=endpoint_agents:calc_agent", "algorithm.name=rloo"])
-        assert cfg.rollout.agent == "endpoint_agents:calc_agent"
-        with pytest.raises(ConfigError) as e:
-            config_from_dict({}, ["rollout.agent=endpoint_agents:calc_agent", "algorithm.name=arpo"])
-        assert e.value.key == "rollout.agent" and "cannot be forked" in str(e.value)
-        with pytest.raises(ConfigError, match="async function"):
-            config_from_dict({}, ["rollout.agent=endpoint_agents:not_async"])
-        with pytest.raises(ConfigError, match="module:attr"):
-            config_from_dict({}, ["rollout.agent=calc_agent"])
-        with pytest.raises(ConfigError) as e:
-            config_from_dict({}, ["rollout.endpoint.host=localhost"])
-        assert e.value.key == "rollout.endpoint.host"
-    finally:
-        del sys.path[0]
+    cfg = config_from_dict({}, ["rollout.agent=endpoint_agents:calc_agent", "algorithm.name=rloo"])
+    assert cfg.rollout.agent == "endpoint_agents:calc_agent"
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({}, ["rollout.agent=endpoint_agents:calc_agent", "algorithm.name=arpo"])
+    assert e.value.key == "rollout.agent" and "cannot be forked" in str(e.value)
+    with pytest.raises(ConfigError, match="async function"):
+        config_from_dict({}, ["rollout.agent=endpoint_agents:not_async"])
+    with pytest.raises(ConfigError, match="module:attr"):
+        config_from_dict({}, ["rollout.agent=calc_agent"])
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({}, ["rollout.endpoint.host=localhost"])
+    assert e.value.key == "rollout.endpoint.host"
 
 
 async def test_a_prefilled_assistant_turn_continues_the_trajectory(tok, chat):

@@ -85,7 +85,17 @@ class AgentRunner:
         import openai
 
         if self._http is None:
-            self._http = openai.DefaultAsyncHttpxClient()
+
+            class Shared(openai.DefaultAsyncHttpxClient):  # type: ignore[misc, valid-type]
+                """The episodes' one connection pool: an agent closing its client (`async with client:`) keeps it."""
+
+                async def aclose(self) -> None:
+                    pass
+
+                async def close_pool(self) -> None:
+                    await super().aclose()
+
+            self._http = Shared()
         return openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=key, max_retries=0, http_client=self._http,
                                   timeout=self.rollout.generation_limit_s)  # fmt: skip
 
@@ -170,7 +180,7 @@ class AgentRunner:
         await self.endpoint.aclose()
         if self._http is not None:
             http, self._http = self._http, None
-            await http.aclose()
+            await http.close_pool()
 
 
 class AgentSampler:
