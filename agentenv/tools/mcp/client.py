@@ -73,7 +73,7 @@ class ServerProcess:
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
-        self.pid: int | None = None
+        self.generation = 0  # starts so far: a failed call restarts only the session it used
 
     async def _hold(self, ready: asyncio.Future) -> None:
         from mcp import ClientSession
@@ -114,6 +114,7 @@ class ServerProcess:
 
     async def start(self) -> None:
         """Start the server and open its session (on the hub's loop)."""
+        self.generation += 1
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._holder = asyncio.ensure_future(self._hold(ready))
         try:
@@ -158,24 +159,28 @@ class ServerProcess:
                         await (self.restart() if self._holder is not None else self.start())
             except ToolError as e:
                 return _failed(f"Error: the {tool} tool is unavailable: {e}", "server_down", t0)
+        used = self.generation
         try:
             res = await asyncio.wait_for(self.session.call_tool(tool, arguments), timeout_s)
         except TimeoutError:
-            await self._recover()
+            await self._recover(used)
             return _failed(f"Error: the {tool} call timed out after {timeout_s:g} s (the server was restarted).",
                            "timeout", t0)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a closed connection, a dead process, a protocol error
             dead = self._holder is None or self._holder.done() or _is_disconnect(e)
             if dead:
-                await self._recover()
+                await self._recover(used)
                 return _failed(f"Error: the {self.name} MCP server failed during the {tool} call "
                                f"({type(e).__name__}: {_cause(e)}); it was restarted.", "server_died", t0)  # fmt: skip
             return _failed(f"Error: {tool}: {_cause(e)}", "mcp_error", t0)
         return _as_result(res, time.perf_counter() - t0)
 
-    async def _recover(self) -> None:
+    async def _recover(self, used: int) -> None:
+        """Restart the server, unless a concurrent call already restarted the session this one used."""
         assert self._lock is not None
         async with self._lock:
+            if self.generation != used:
+                return
             try:
                 await self.restart()
             except ToolError:

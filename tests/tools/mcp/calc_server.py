@@ -1,12 +1,13 @@
 """An MCP server written with the SDK's server class (`MCPServer`, FastMCP's name in mcp 2.x), run over stdio.
 
-    python calc_server.py [--http PORT]   # stdio, or streamable HTTP on 127.0.0.1; tools: add, divide, crash, remember/recall (state kept in the process)
+    python calc_server.py [--http PORT]   # stdio, or streamable HTTP on 127.0.0.1; tools: add, divide, crash, wait, remember/recall (state kept in the process)
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -28,8 +29,16 @@ def divide(a: float, b: float) -> float:
 
 @server.tool()
 def crash(reason: str) -> str:
-    """Exit the server process at once (a server that dies mid-episode)."""
+    """Exit the server process after a moment, holding up the calls behind it (a server that dies mid-episode)."""
+    time.sleep(0.3)
     os._exit(3)
+
+
+@server.tool()
+def wait(seconds: float) -> str:
+    """Answer after `seconds`."""
+    time.sleep(seconds)
+    return "waited"
 
 
 @server.tool()

@@ -46,7 +46,7 @@ def both():
 
 
 def test_each_servers_tools_are_listed_under_their_names_with_schemas(both):
-    assert set(both) == {"add", "divide", "crash", "remember", "recall", "get_current_time", "convert_time"}
+    assert set(both) == {"add", "divide", "crash", "wait", "remember", "recall", "get_current_time", "convert_time"}
     add = both["add"]
     assert add.description == "Add two integers." and add.server == "calc"
     assert add.schema["properties"]["a"]["type"] == "integer" and add.schema["required"] == ["a", "b"]
@@ -170,7 +170,7 @@ def test_trains_two_steps_from_yaml(servers, tmp_path, tiny_model_path):
     result = trainer.train()
     steps = [r for r in read_metrics(result.output_dir / "metrics.jsonl") if "rollout/reward" in r]
     assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
-    listed = {"calc": {"add", "divide", "crash", "remember", "recall"}, "time": {"get_current_time", "convert_time"}}
+    listed = {"calc": {"add", "divide", "crash", "wait", "remember", "recall"}, "time": {"get_current_time", "convert_time"}}
     assert names == set().union(*(listed[s] for s in servers))
     for name in names:  # the schemas are in the prompt, in the hermes tool-call format's system turn
         assert f'"name": "{name}"' in prompt
@@ -202,3 +202,18 @@ async def test_a_server_by_url_over_streamable_http():
     finally:
         proc.kill()
         await close_all(tools)
+
+
+async def test_calls_in_flight_when_a_server_dies_restart_it_once():
+    tools = tools_of({"calc": CALC})
+    by = {t.name: t for t in tools}
+    try:
+        proc = tools[0]._process
+        before = proc.restarts
+        results = await asyncio.gather(by["crash"]("now"), *(by["wait"]("2") for _ in range(4)))
+        assert not any(r.ok for r in results), results  # every call in flight on the dead server: an error result
+        after = await by["add"]('{"a": 20, "b": 22}')
+    finally:
+        await close_all(tools)
+    assert after.text == "42"
+    assert proc.restarts - before == 1  # one restart for every call that found it dead
