@@ -259,6 +259,9 @@ class RunConfig:
                 f"an episode's whole context; raise it to at least {self.env.max_context_tokens} or lower "
                 "env.max_context_tokens",
             )
+        if self.rollout.agent is not None:
+            _check_agent(self)
+        _check_forks(self)
         object.__setattr__(self, "_algorithm_config", algo_cfg)
         object.__setattr__(self, "_backend_config", backends[self.policy.backend])
 
@@ -275,6 +278,29 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The plain mapping `config_from_dict` reads back into an equal config."""
         return dump_dataclass(self)
+
+
+def _check_agent(cfg: RunConfig) -> None:
+    """`rollout.agent`: it imports as an async function, and the algorithm samples independently."""
+    from agentenv.algorithms import get_algorithm
+    from agentenv.rollout.endpoint.agent import TREE_REFUSAL, load_agent
+
+    load_agent(cfg.rollout.agent)  # type: ignore[arg-type]
+    if getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+        raise ConfigError("rollout.agent", f"cannot train with algorithm {cfg.algorithm.name!r}: {TREE_REFUSAL}")
+
+
+def _check_forks(cfg: RunConfig) -> None:
+    """A tree sampler forks episodes mid-way: refuse tools whose config says they cannot follow (`unforkable()`)."""
+    from agentenv.algorithms import get_algorithm
+
+    if not getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+        return
+    for name, (_, tool_cfg) in cfg.env.tool_parts().items():
+        for key, why in (getattr(tool_cfg, "unforkable", lambda: {})() or {}).items():
+            raise ConfigError(f"env.tools.{name}.{key}", f"{why}, and algorithm {cfg.algorithm.name!r} forks "
+                              "episodes at branch points; use an independent-sampler algorithm (grpo, ...) or a "
+                              "stateless server")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- loading

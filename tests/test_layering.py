@@ -78,3 +78,20 @@ def test_the_check_sees_an_upward_import(tmp_path):
     f.write_text("def f():\n    from agentenv.toy.tasks import KINDS\n\nif TYPE_CHECKING:\n    import agentenv.training.trainer\n")
     assert imports(f) == [(2, "agentenv.toy.tasks")]
     assert layer("agentenv.toy.tasks") not in ALLOWED["tools"] | {"tools"}
+
+
+def test_outside_agent_tool_and_task_packages_load_only_when_asked():
+    """`import agentenv` and a run config that names none of them import no openai, mcp, reasoning_gym or
+    aiohttp server; the endpoint's recorder and config import no server either."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agentenv, agentenv.configs, agentenv.rollout, agentenv.tools.registry, agentenv.tasks\n"
+        "import agentenv.rollout.endpoint.recorder, agentenv.tools.mcp.config\n"
+        "from agentenv.configs import config_from_dict\n"
+        "config_from_dict({})\n"
+        "print(sorted(m for m in ('openai', 'mcp', 'reasoning_gym', 'aiohttp.web') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

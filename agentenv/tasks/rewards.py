@@ -363,6 +363,7 @@ register_reward("arpo", arpo_reward)
 register_reward("f1", f1_reward)
 register_reward("exact", exact_reward)
 register_reward("math", math_reward)
+register_reward("reasoning_gym", "agentenv.tasks.reasoning_gym:reasoning_gym_reward")  # the dataset's own verifier
 
 
 __all__ = [

@@ -341,6 +341,8 @@ def hf_tasks(cfg: HFTasksConfig) -> TaskSet:
 register_task_source("jsonl", jsonl_tasks, FileTasksConfig)
 register_task_source("parquet", parquet_tasks, FileTasksConfig)
 register_task_source("hf", hf_tasks, HFTasksConfig)
+register_task_source("reasoning_gym", "agentenv.tasks.reasoning_gym:reasoning_gym_tasks",
+                     "agentenv.tasks.reasoning_gym:ReasoningGymConfig")  # fmt: skip
 
 __all__ = [
     "ANSWER_EXTRACTORS",

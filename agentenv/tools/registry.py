@@ -53,3 +53,4 @@ register_tool("python", "agentenv.tools.python_sandbox.tool:make_python_tool",
               "agentenv.tools.python_sandbox.config:PythonSandboxConfig")  # fmt: skip
 register_tool("browse", "agentenv.tools.browser:make_browser_tool", "agentenv.tools.browser.config:BrowserConfig",
               env_name="Browser")  # fmt: skip
+register_tool("mcp", "agentenv.tools.mcp.client:make_mcp_tools", "agentenv.tools.mcp.config:MCPConfig")  # one entry, many tools

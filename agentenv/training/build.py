@@ -74,8 +74,13 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -
 
 
 def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
-    """Prototype tools by the name the config gives them (episodes fork them)."""
-    return {name: part.make(config) for name, (part, config) in cfg.tool_parts().items()}
+    """Prototype tools by their names (episodes fork them); a factory that makes several (`mcp`) gives a list."""
+    out: dict[str, Any] = {}
+    for name, (part, config) in cfg.tool_parts().items():
+        made = part.make(config)
+        for tool in made if isinstance(made, (list, tuple)) else [made]:
+            out[tool.name if isinstance(made, (list, tuple)) else name] = tool
+    return out
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:
@@ -102,6 +107,7 @@ class Runtime:
     tasks: TaskSet
     make_env: Callable[[], Any]
     extras: dict[str, Any] = field(default_factory=dict)
+    agent: Any = None  # `rollout.agent`'s AgentRunner (agentenv.rollout.endpoint.agent), None without one
 
     async def health_check(self, timeout_s: float = _HEALTH_TIMEOUT_S) -> None:
         """Every tool that has a `health_check()` runs it, on the tool loop where its calls run.
@@ -132,6 +138,8 @@ class Runtime:
 
         for tool in self.tools.values():
             await close_tool(tool, _CLOSE_TIMEOUT_S)
+        if self.agent is not None:
+            await self.agent.aclose()
         close = getattr(self.policy, "aclose", None) or getattr(self.policy, "close", None)
         if close is not None:
             res = close()
@@ -152,4 +160,16 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
     tools = build_tools(cfg.env)
     policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
-    return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
+    rt = Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
+    if cfg.rollout.agent is not None:
+        rt.agent = build_agent_runner(cfg, tokenizer)
+    return rt
+
+
+def build_agent_runner(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The runner of `rollout.agent`: the endpoint over the policy, rendering with the env's chat template."""
+    from agentenv.envs.chat import ChatTemplate
+    from agentenv.rollout.endpoint.agent import AgentRunner
+
+    chat = ChatTemplate.from_config(tokenizer, cfg.env.chat_template, cfg.env.chat_template_kwargs)
+    return AgentRunner(cfg.rollout.agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)

@@ -103,14 +103,18 @@ async def evaluate(
     seed: int,
     concurrency: int = 64,
     rollout: RolloutConfig | None = None,
+    sampler: Any = None,
 ) -> EvalReport:
-    """Roll out `samples` independent episodes per task and summarize (`rollout`: the run's per-trajectory limits)."""
+    """Roll out `samples` independent episodes per task and summarize (`rollout`: the run's per-trajectory limits;
+    `sampler`: one that grows each task's group instead, e.g. a user's agent's)."""
     from agentenv.rollout import run_group
 
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
 
     async def one(i: int, task: Task) -> Group:
         async with sem:
+            if sampler is not None:
+                return await sampler.sample(policy, make_env, task, params, seed * 1_000_003 + i * 7919)
             return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919, config=rollout)
 
     groups = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))

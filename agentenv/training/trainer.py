@@ -210,6 +210,8 @@ class Trainer:
         loses its own group (all failed), never the step.
         """
         sampler = self.algorithm.sampler(self.cfg.rollout)  # bounds each trajectory and the step's concurrency
+        if self.rt.agent is not None:  # rollout.agent: the user's agent through the endpoint (independent samples)
+            sampler = self.rt.agent.sampler(self.algorithm.group_size())
         params = self.cfg.policy.sampling_params()
 
         async def one(j: int, task: Any) -> Group:
@@ -350,6 +352,10 @@ class Trainer:
         metrics = self.step_metrics(groups, batch, loss_metrics)
         metrics.update({f"train/{k}": float(v) for k, v in batch_metrics.items()})
         metrics.update(resample_metrics)
+        if self.rt.agent is not None:  # endpoint requests, prefix breaks and errors, summed over processes
+            agent_m = self.rt.agent.metrics()
+            sums = self.reduce_sum(torch.tensor(list(agent_m.values()), dtype=torch.float64))
+            metrics.update(zip(agent_m, sums.tolist()))
         metrics.update(
             {
                 # the step itemized; advantages, collation and metrics are the rest of step_s
@@ -551,6 +557,7 @@ class Trainer:
                 evaluate(
                     self.rt.policy, self.rt.make_env, heldout,
                     samples=tc.eval_samples, params=params, seed=tc.evaluation_seed, rollout=self.cfg.rollout,
+                    sampler=self.rt.agent.sampler(tc.eval_samples) if self.rt.agent is not None else None,
                 )  # fmt: skip
             )
             self.warn_tools(report.tool_stats, f"in the evaluation at step {step}")

@@ -1,0 +1,194 @@
+"""A user's agent as the rollout: `rollout.agent: package.module:attr`, run against the endpoint.
+
+    async def agent(client: openai.AsyncOpenAI, task: agentenv.tasks.Task) -> str | float:
+        ...   # any loop of client.chat.completions.create(...) calls, tools run by the agent itself
+        return "the final answer"     # scored by env.reward against the task; or a float: the reward
+
+Each episode opens its own key on the endpoint and gets a client with it. All
+the requests it makes are recorded (`agentenv.rollout.endpoint.recorder`); its
+trajectories share the episode's reward. A group of a task is the trajectories
+of `n` episodes (an episode whose agent made sub-calls gives several). An
+agent that raises or runs past `rollout.episode_timeout_s` fails its
+episode's trajectories (masked from the loss); the group goes on.
+
+Agent code cannot be forked at a branch point, so tree samplers (ARPO) cannot
+train it: a run config with `rollout.agent` and such an algorithm is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections import Counter
+from typing import Any
+
+from agentenv.envs.chat import ChatTemplate
+from agentenv.errors import ConfigError
+from agentenv.registry import load_import_path
+from agentenv.rollout.endpoint.config import EndpointConfig
+from agentenv.rollout.engine import RolloutConfig, cancel_requested, derive_seed
+from agentenv.tasks.task import Task
+from agentenv.types import Group, SamplingParams, Trajectory
+
+TREE_REFUSAL = (
+    "a user's agent (rollout.agent) is arbitrary code: it cannot be forked at a branch point, so an algorithm that "
+    "grows trees (ARPO) cannot sample it; use an independent-sampler algorithm (grpo, dapo, rloo, reinforce_pp, "
+    "gspo, dr_grpo)"
+)
+
+
+def load_agent(path: str, key: str = "rollout.agent") -> Any:
+    """The agent function `path` names; ConfigError unless it is an async function of (client, task)."""
+    fn = load_import_path(path, key, "agent")
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
+        raise ConfigError(key, f"{path!r} must be an async function (client, task) -> str | float, got {fn!r}")
+    return fn
+
+
+def _as_answer(text: str) -> str:
+    """An agent's final answer as the policy text the built-in rewards read (inside `<answer>`)."""
+    return text if "<answer>" in text else f"<answer>{text}</answer>"
+
+
+class AgentRunner:
+    """Runs a user's agent over the endpoint and turns its episodes into Groups.
+
+    Args:
+        agent: The agent function, or its `module:attr`.
+        chat: The run's chat template (the env's: `env.chat_template`).
+        reward_fn: `env.reward`, for agents that return their answer as a string.
+        rollout: Timeouts, concurrency and the endpoint's settings.
+        max_context_tokens: Most tokens of one trajectory.
+    """
+
+    def __init__(self, agent: Any, chat: ChatTemplate, reward_fn: Any, rollout: RolloutConfig | None = None,
+                 max_context_tokens: int = 2048):  # fmt: skip
+        from agentenv.rollout.endpoint.server import Endpoint
+
+        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.reward_fn = reward_fn
+        self.rollout = rollout or RolloutConfig()
+        cfg: EndpointConfig = self.rollout.endpoint
+        self.endpoint = Endpoint(chat, cfg, max_context_tokens, self.rollout.generation_limit_s)
+        self._sem: asyncio.Semaphore | None = None
+        self._http: Any = None
+        self._seen: Counter = Counter()  # endpoint counts already reported by `metrics`
+
+    async def start(self) -> None:
+        await self.endpoint.start()
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.rollout.max_concurrency)
+
+    def client(self, key: str) -> Any:
+        """An `openai.AsyncOpenAI` client of one episode (sharing one connection pool)."""
+        import openai
+
+        if self._http is None:
+
+            class Shared(openai.DefaultAsyncHttpxClient):  # type: ignore[misc, valid-type]
+                """The episodes' one connection pool: an agent closing its client (`async with client:`) keeps it."""
+
+                async def aclose(self) -> None:
+                    pass
+
+                async def close_pool(self) -> None:
+                    await super().aclose()
+
+            self._http = Shared()
+        return openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=key, max_retries=0, http_client=self._http,
+                                  timeout=self.rollout.generation_limit_s)  # fmt: skip
+
+    async def run_episode(self, policy: Any, task: Task, params: SamplingParams, seed: int) -> list[Trajectory]:
+        """One episode of the agent: its trajectories, scored (failed ones masked). Never raises for the agent's faults."""
+        await self.start()
+        assert self._sem is not None
+        async with self._sem:
+            rec = self.endpoint.open_episode(policy, params, seed)
+            t0 = time.monotonic()
+            error: str | None = None
+            result: Any = None
+            try:
+                async with asyncio.timeout(self.rollout.episode_timeout_s):
+                    result = await self.agent(self.client(rec.key), task)
+                if isinstance(result, bool) or not isinstance(result, (str, int, float)):
+                    error = f"the agent returned {type(result).__name__}; it must return a str (its answer) or a float (the reward)"
+            except TimeoutError:
+                error = f"TimeoutError: the agent ran past rollout.episode_timeout_s={self.rollout.episode_timeout_s:g} s"
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    self.endpoint.close_episode(rec.key)
+                    raise
+                error = "CancelledError raised inside the agent without a cancellation"
+            except Exception as e:  # noqa: BLE001 - the agent's fault fails its episode, never the batch
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                self.endpoint.close_episode(rec.key)
+            trajs = rec.trajectories(task.id)
+            if error is None and not trajs:
+                error = "the agent made no chat completion request"
+            for t in trajs:
+                t.info.update(t_start=t0, t_end=time.monotonic(), prefix_breaks=rec.prefix_breaks,
+                              episode_trajectories=len(trajs))  # fmt: skip
+            if error is not None:
+                trajs = trajs or [Trajectory(task_id=task.id, info={"seed": seed, "episode": rec.uid})]
+                for t in trajs:
+                    t.failed, t.error, t.finish_reason, t.reward = True, error, "error", 0.0
+                return trajs
+            score, info = await self._score(result, task, trajs)
+            for t in trajs:
+                t.reward = score
+                t.info["reward"] = dict(info)
+            return trajs
+
+    async def _score(self, result: str | float, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
+        if isinstance(result, str):
+            calls: Counter = Counter()
+            for t in trajs:
+                calls.update(t.tool_calls)
+            r = await asyncio.to_thread(self.reward_fn, _as_answer(result), task, dict(calls))
+            return float(r.score), {"score": float(r.score), "correct": bool(getattr(r, "correct", False)),
+                                    "format_ok": bool(getattr(r, "format_ok", False)), "answer": result[:200]}  # fmt: skip
+        score = float(result)
+        return score, {"score": score, "correct": score > 0, "format_ok": True}
+
+    async def run_group(self, policy: Any, task: Task, n: int, params: SamplingParams, seed: int) -> Group:
+        """`n` episodes of `task`; episode i has seed `derive_seed(seed, i)`."""
+        t0 = time.monotonic()
+        eps = await asyncio.gather(*(self.run_episode(policy, task, params, derive_seed(seed, i)) for i in range(n)))
+        trajs = [t for ep in eps for t in ep]
+        return Group(task=task, trajectories=trajs, info={
+            "seed": seed, "failed": sum(t.failed for t in trajs), "wall_s": time.monotonic() - t0, "episodes": n,
+        })  # fmt: skip
+
+    def sampler(self, n: int) -> "AgentSampler":
+        """A `Sampler` (the algorithm's group size `n`) that runs the agent."""
+        return AgentSampler(self, n)
+
+    def metrics(self) -> dict[str, float]:
+        """Endpoint counts since the last call: `rollout/endpoint_requests`, `rollout/prefix_breaks`, `rollout/endpoint_errors`."""
+        now = Counter(self.endpoint.counts)
+        delta = now - self._seen
+        self._seen = now
+        return {
+            "rollout/endpoint_requests": float(delta["requests"]),
+            "rollout/prefix_breaks": float(delta["prefix_breaks"]),
+            "rollout/endpoint_errors": float(sum(v for k, v in delta.items() if k.startswith("error/"))),
+        }
+
+    async def aclose(self) -> None:
+        await self.endpoint.aclose()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close_pool()
+
+
+class AgentSampler:
+    """The `Sampler` of an independent-sampler algorithm when the rollout is a user's agent."""
+
+    def __init__(self, runner: AgentRunner, n: int):
+        self.runner = runner
+        self.n = n
+
+    async def sample(self, policy: Any, make_env: Any, task: Any, params: SamplingParams, seed: int) -> Group:
+        return await self.runner.run_group(policy, task, self.n, params, seed)

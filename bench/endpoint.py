@@ -1,0 +1,170 @@
+"""The OpenAI-compatible endpoint's cost: requests per second and the latency it adds to each request.
+
+32 concurrent agents (plain `openai.AsyncOpenAI` clients, one episode key each)
+each send `--requests` chat completions in turn to the endpoint over the tiny
+model (hf backend, or vllm); the same prompts, with the same per-request seeds (so the
+same tokens are sampled), are then sent to `policy.generate` directly by 32
+concurrent callers. Reported: requests/s and request latency p50/p95 of both,
+and the latency the endpoint adds per request, measured per request as the
+client's wall time minus the time its `policy.generate` call took inside the
+endpoint (HTTP, JSON, the openai client's parsing, rendering the messages,
+tokenizing, stitching and recording). The goal: under 5 ms at p50.
+
+    python bench/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
+
+`--backend scripted` answers every request at once with a fixed text (the tiny
+model's tokenizer): the latency left is the endpoint's and the client's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+class Timed:
+    """The policy, with each `generate` call's wall time kept by its seed (unique per request)."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.took: dict[int, float] = {}
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        t0 = time.perf_counter()
+        gen = await self.policy.generate(prompt_ids, params)
+        self.took[params.seed] = time.perf_counter() - t0
+        return gen
+
+
+async def main(args: argparse.Namespace) -> None:
+    import openai
+
+    from agentenv.envs.chat import ChatTemplate
+    from agentenv.policies.backends import build_policy
+    from agentenv.policies.config import PolicyConfig
+    from agentenv.policies.models import resolve_model_path
+    from agentenv.rollout.endpoint.config import EndpointConfig
+    from agentenv.rollout.endpoint.server import Endpoint
+    from agentenv.rollout.engine import derive_seed
+    from agentenv.types import SamplingParams
+
+    path = resolve_model_path(args.model)
+    from agentenv.loader import build_dataclass
+
+    vllm = {"gpu_memory_utilization": 0.15, "max_model_len": 2048, "enforce_eager": True}  # configs/toy_grpo.yaml's
+    pc = build_dataclass(PolicyConfig, {"backend": "hf" if args.backend == "scripted" else args.backend, "vllm": vllm}, "policy")
+    if args.backend == "scripted":  # answers at once: what remains is the endpoint's and the client's own cost
+        from agentenv.policies.models import load_tokenizer
+        from agentenv.policies.scripted import ScriptedPolicy
+
+        policy: Any = Timed(ScriptedPolicy(load_tokenizer(path), lambda ids: "The answer is 42, I think."))
+    else:
+        cfg = pc.backend_configs(model=args.model, dtype="float32", seed=0)[args.backend]
+        policy = Timed(build_policy(args.backend, cfg, path))
+    chat = ChatTemplate.from_config(policy.tokenizer, "chatml_hermes", {})
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
+    def messages(a: int, i: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"Question {a}.{i}: 17 + {a * 31 + i}?"}]
+
+    # warm-up: the model's first batches
+    await asyncio.gather(*(policy.generate(chat.encode(chat.render(messages(a, 0), add_generation_prompt=True)), params)
+                           for a in range(args.agents)))  # fmt: skip
+
+    class TimedEndpoint(Endpoint):
+        """The endpoint, with each chat request's time inside its handler kept (by seed, as the policy's)."""
+
+        handler: list[float] = []
+
+        async def _chat(self, request: Any) -> Any:
+            t0 = time.perf_counter()
+            out = await super()._chat(request)
+            self.handler.append(time.perf_counter() - t0)
+            return out
+
+    ep = await TimedEndpoint(chat, EndpointConfig(), max_context_tokens=1024).start()
+    http = openai.DefaultAsyncHttpxClient()
+
+    async def through_endpoint(agents: int) -> tuple[float, list[float], list[float], list[float]]:
+        wall: list[float] = []
+        added: list[float] = []
+        TimedEndpoint.handler = []
+        policy.took.clear()
+
+        async def agent(a: int) -> None:
+            rec = ep.open_episode(policy, params, seed=a)
+            client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, http_client=http)
+            auth = {"Authorization": f"Bearer {rec.key}"}
+            for i in range(args.requests):
+                t0 = time.perf_counter()
+                if args.client == "openai":
+                    await client.chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=args.max_tokens)
+                else:  # the bare HTTP request: what the endpoint costs without the openai client's own work
+                    r = await http.post(ep.url + "/chat/completions", headers=auth, json={
+                        "model": "agentenv", "messages": messages(a, i), "max_tokens": args.max_tokens})  # fmt: skip
+                    r.raise_for_status()
+                    r.json()
+                dt = time.perf_counter() - t0
+                wall.append(dt)
+                added.append(dt - policy.took[derive_seed(a, i)])
+            ep.close_episode(rec.key)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent(a) for a in range(agents)))
+        inside = sorted(policy.took.values())
+        server = [h - g for h, g in zip(sorted(TimedEndpoint.handler), inside)]  # quantiles only: a sorted pairing
+        return time.perf_counter() - t0, wall, added, server
+
+    async def direct(agents: int) -> tuple[float, list[float]]:
+        lat: list[float] = []
+
+        async def caller(a: int) -> None:
+            for i in range(args.requests):
+                ids = chat.encode(chat.render(messages(a, i), add_generation_prompt=True))
+                p = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=derive_seed(a, i))
+                t0 = time.perf_counter()
+                await policy.policy.generate(ids, p)
+                lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(a) for a in range(agents)))
+        return time.perf_counter() - t0, lat
+
+    ms = 1000.0
+    print(f"{args.model} model, {args.backend} backend (CPU), {args.requests} requests per agent, max_tokens {args.max_tokens}, "
+          "temperature 1.0; latency in ms\n")  # fmt: skip
+    print("| agents | path | requests/s | latency p50 | latency p95 | added p50 | added p95 | in-server p50 | in-server p95 |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for agents in sorted({1, args.agents}):
+        t_d, lat = await direct(agents)
+        t_e, wall, added, server = await through_endpoint(agents)
+        n = agents * args.requests
+        print(f"| {agents} | policy.generate, direct | {n / t_d:.1f} | {pct(lat, .5) * ms:.1f} | {pct(lat, .95) * ms:.1f} "
+              "| | | | |")  # fmt: skip
+        print(f"| {agents} | endpoint + {args.client} client | {n / t_e:.1f} | {pct(wall, .5) * ms:.1f} | {pct(wall, .95) * ms:.1f} "
+              f"| {pct(added, .5) * ms:.2f} | {pct(added, .95) * ms:.2f} | {pct(server, .5) * ms:.2f} "
+              f"| {pct(server, .95) * ms:.2f} |")  # fmt: skip
+    print("\nadded: per request, the client's wall time minus its policy.generate time inside the endpoint (HTTP, "
+          "JSON, the openai client, rendering, tokenizing, recording, and waiting for the shared event loop); "
+          "in-server: the handler's time minus generate's (quantiles of each).")
+    await ep.aclose()
+    await http.aclose()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "scripted"])
+    ap.add_argument("--client", default="openai", choices=["openai", "httpx"],
+                    help="httpx: bare HTTP requests instead of the openai client")
+    asyncio.run(main(ap.parse_args()))
