@@ -28,3 +28,15 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert (tmp_path / "site" / "index.html").is_file()
     assert (tmp_path / "site" / "architecture" / "index.html").is_file()
+
+
+def test_the_readme_links_resolve():
+    """The front page's relative links (into docs/ and the code) point at files the repository has."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    links = [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+://|#", m)]
+    assert links, "the README links into the documentation"
+    missing = [m for m in links if not (ROOT / m.split("#")[0]).exists()]
+    assert not missing, f"README links to files the repository does not have: {missing}"
+    assert "bash scripts/test.sh" in text  # .ci/run's command is the README's
