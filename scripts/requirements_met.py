@@ -1,0 +1,61 @@
+"""Whether this checkout of agentenv is installed with every requirement of the given extras met (exit 0), so
+that a second `scripts/setup.sh` skips pip; with `--installed NAME...`, prints which of NAME are installed.
+
+    python3 scripts/requirements_met.py dev,hf     # exit 0: nothing to install
+    python3 scripts/requirements_met.py --installed torchvision torchaudio
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = Path(os.environ.get("AGENTENV_PYPROJECT", ROOT / "pyproject.toml"))  # another file: for the tests
+
+
+def installed(name: str) -> bool:
+    try:
+        metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def met(extras: list[str]) -> bool:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    try:
+        dist = metadata.distribution(project["name"])
+    except metadata.PackageNotFoundError:
+        return False
+    if dist.version != project["version"]:
+        return False
+    where = dist.read_text("direct_url.json") or ""
+    if ROOT.as_uri() not in where:  # installed, but from another checkout
+        return False
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"].get(extra, [])
+    for text in wanted:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            return False
+        if req.specifier and not req.specifier.contains(version, prereleases=True):
+            return False
+    return True
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--installed"]:
+        print(" ".join(n for n in sys.argv[2:] if installed(n)))
+        sys.exit(0)
+    sys.exit(0 if met([e for e in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if e]) else 1)
