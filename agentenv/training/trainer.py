@@ -586,13 +586,13 @@ class Trainer:
         tc = self.cfg.trainer
         progress = _progress(self.cfg.logging.progress and self.acc.is_main_process)
         initial = None
-        self.check_tools()
-        if self.start_step == 0 and tc.eval_every > 0:
-            initial = self.evaluate()
-            if initial and self.logger:
-                self.logger.log(0, initial.as_metrics())
         final = None
-        try:
+        try:  # a tool that fails its check or a broken first evaluation still closes the tools and the engine
+            self.check_tools()
+            if self.start_step == 0 and tc.eval_every > 0:
+                initial = self.evaluate()
+                if initial and self.logger:
+                    self.logger.log(0, initial.as_metrics())
             with progress:
                 task_id = progress.add_task("train", total=tc.steps, completed=self.start_step)
                 for step in range(self.start_step, tc.steps):

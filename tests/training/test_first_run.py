@@ -68,3 +68,19 @@ def test_the_main_commands_one_step_run_exits_clean(tmp_path):
         assert noise not in proc.stderr, proc.stderr[-3000:]
     assert '"heldout_accuracy"' in proc.stdout
     assert _docker_ps() == before
+
+
+def test_a_run_whose_sandbox_cannot_start_stops_with_one_line(tmp_path):
+    before = _docker_ps()
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train", "configs/toy_grpo.yaml", "policy.backend=hf",
+         "env.tools.python.image=agentenv/no-such-image:missing", f"trainer.output_dir={tmp_path / 'run'}",
+         "logging.progress=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "python tool failed its health check" in errors[0], proc.stderr[-2000:]
+    assert "no-such-image" in errors[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "eval/" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert _docker_ps() == before
