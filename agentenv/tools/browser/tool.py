@@ -39,8 +39,6 @@ _CACHE_FORMAT = 1  # bump when what is cached for a url changes
 _INLINE_SELECT_CHARS = 50_000
 
 
-@dataclass(frozen=True)
-
 _PAGE_ERROR_KINDS: dict[str, ToolErrorKind] = {
     "timeout": "timeout",
     "bad_query": "refused",
@@ -56,6 +54,8 @@ def page_error_kind(reason: str) -> ToolErrorKind:
     """The `ToolResult.kind` of a page that could not be read: what the agent asked for, or the network."""
     return _PAGE_ERROR_KINDS.get(reason, "http")
 
+
+@dataclass(frozen=True)
 class Digest:
     """One page read for a goal.
 
