@@ -166,8 +166,6 @@ class ToolResult:
             self.kind = "error"
         elif self.kind not in TOOL_ERROR_KINDS:
             raise ValueError(f"ToolResult.kind must be one of {TOOL_ERROR_KINDS}, got {self.kind!r}")
-
-    def __post_init__(self) -> None:
         # Whatever a tool read (a search answer, a page, a program's output) is text every
         # later step can encode: a cache, a tokenizer (`clean_text`).
         if isinstance(self.text, str):

@@ -33,7 +33,7 @@ from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
 from agentenv.envs.results import call_tool, close_tool, frame_off_loop, result_text
 from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
-from agentenv.errors import ConfigError
+from agentenv.errors import ConfigError, ToolError
 from agentenv.loader import build_dataclass
 from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
@@ -316,18 +316,26 @@ class AgentEnv(gymnasium.Env):
                 f"Tool-call limit reached: {used} of {self.config.max_tool_calls} calls used. "
                 "Do not call tools anymore; give your final answer now in <answer>...</answer>."
             )
-        result, elapsed = await call_tool(self._tools[parsed.tool], parsed.query, self.config.tool_timeout_s)
+        try:
+            result, elapsed = await call_tool(self._tools[parsed.tool], parsed.query, self.config.tool_timeout_s)
+        except ToolError as e:  # the infrastructure failed: the trajectory fails, and the tool's tally says so
+            self._count(parsed.tool)
+            self._count_error(parsed.tool, "error", str(e))
+            raise
         self._count(parsed.tool)
         self._tool_time_s += elapsed
         self._tool_time_by_name[parsed.tool] = self._tool_time_by_name.get(parsed.tool, 0.0) + elapsed
         info.update(tool=parsed.tool, tool_ok=result.ok, tool_result=True)
         if not result.ok:
             kind = result.kind or "error"
-            errors = self._tool_errors.setdefault(parsed.tool, {})
-            errors[kind] = errors.get(kind, 0) + 1
-            self._tool_error_text.setdefault(f"{parsed.tool}/{kind}", (result.error or "")[:200])
+            self._count_error(parsed.tool, kind, result.error or "")
             info["tool_error_kind"] = kind
         return result_text(result)
+
+    def _count_error(self, tool: str, kind: str, text: str) -> None:
+        errors = self._tool_errors.setdefault(tool, {})
+        errors[kind] = errors.get(kind, 0) + 1
+        self._tool_error_text.setdefault(f"{tool}/{kind}", text[:200])
 
     async def _finish(
         self,

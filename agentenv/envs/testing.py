@@ -71,7 +71,7 @@ class EchoTool:
     async def __call__(self, query: str) -> ToolResult:
         self.calls.append(query)
         if not query.strip():
-            return ToolResult(text="", ok=False, error="empty query")
+            return ToolResult(text="", ok=False, error="empty query", kind="refused")
         return ToolResult(text=" ".join([f"echo: {query}"] * self.repeat))
 
     def fork(self) -> "EchoTool":

@@ -74,12 +74,27 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -
 
 
 def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
-    """Prototype tools by their names (episodes fork them); a factory that makes several (`mcp`) gives a list."""
+    """Prototype tools by `tool.name`, the tag the model calls them by (episodes fork them); a factory that makes
+    several (`mcp`) gives a list.
+
+    Raises:
+        ConfigError: Two tools have one name (two MCP servers' tools, or an MCP tool named like a built-in one):
+            the model could reach only one of them.
+    """
     out: dict[str, Any] = {}
+    source: dict[str, str] = {}
     for name, (part, config) in cfg.tool_parts().items():
         made = part.make(config)
         for tool in made if isinstance(made, (list, tuple)) else [made]:
-            out[tool.name if isinstance(made, (list, tuple)) else name] = tool
+            if tool.name in out:
+                raise ConfigError(
+                    f"env.tools.{name}",
+                    f"makes a tool named {tool.name!r}, and so does env.tools.{source[tool.name]}: tool names must "
+                    "be unique (the model calls a tool by its name); drop one, or expose only some of an MCP "
+                    "server's tools (its `tools` list)",
+                )
+            out[tool.name] = tool
+            source[tool.name] = name
     return out
 
 

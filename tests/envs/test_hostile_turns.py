@@ -54,3 +54,15 @@ def test_a_number_split_across_turns_is_not_read_as_one(tok, task, enc):
     _, r, term, _, info = env.step(enc("2}</answer>") + [tok.eos_token_id])
     assert term and info["finish_reason"] == "eos"
     assert r == -1.0 and not info["reward"]["correct"], info["reward"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_number_split_around_a_call_is_not_read_as_one(tok, task, enc, fmt):
+    """The same split in either format, the first turn kept open by a real call: `<answer>\\boxed{4` + a call,
+    then `2}</answer>` (read as one text, the answer would be 42)."""
+    env = arpo_env(tok, fmt)
+    env.reset(options={"task": task})
+    _, _, term, _, info = env.step(enc("<answer>\\boxed{4" + CALL[fmt]))
+    assert not term and info["tool"] == "search"
+    _, r, term, _, info = env.step(enc("2}</answer>") + [tok.eos_token_id])
+    assert term and r == -1.0 and not info["reward"]["correct"], info["reward"]

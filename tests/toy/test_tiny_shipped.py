@@ -1,4 +1,5 @@
-"""The tiny model is the same on every machine: its weights ship with the package, and a build here reproduces them.
+"""The tiny model is the same on every machine: its weights ship with the package, and a build here reproduces
+their held-out numbers.
 
 The shipped folder was made by `agentenv tiny build --force` (its build_info.json
 says where). A config with the shipped cache key gets those weights copied, not
@@ -10,10 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from agentenv.toy.tiny import TinyBuildConfig
-from agentenv.toy.tiny.build import SHIPPED_DIR, build_tiny_model, ensure_tiny_model, shipped_key
+from agentenv.toy.tiny.build import SHIPPED_DIR, build_tiny_model, ensure_tiny_model, shipped_key, tiny_dir
 
 
 def test_the_shipped_weights_are_the_default_build():
@@ -30,25 +30,26 @@ def test_a_fresh_cache_gets_the_shipped_weights_without_a_build(tmp_path, monkey
     assert path.parent.parent == tmp_path and said == [f"tiny model ready at {path} (the shipped weights)"]
     for f in SHIPPED_DIR.iterdir():
         assert (path / f.name).read_bytes() == f.read_bytes(), f.name
-    other = ensure_tiny_model(log=said.append, seed=1)  # another config: not the shipped one
-    assert other != path
+    assert shipped_key() != TinyBuildConfig(seed=1).cache_key()  # another config is built, not copied
+    assert tiny_dir(TinyBuildConfig(seed=1)) != path
 
 
 @pytest.mark.slow
 def test_a_fresh_build_reproduces_the_shipped_models_numbers(tmp_path):
-    """Minutes: the whole build (SFT and held-out evaluation) into a temporary folder."""
+    """Minutes: the whole build (SFT and held-out evaluation) into a temporary folder. Within noise: a machine
+    whose CPU kernels differ sums in another order, so its weights need not be the same bits."""
     built = build_tiny_model(tmp_path / "tiny", TinyBuildConfig(), log=lambda m: None)
     shipped = json.loads((SHIPPED_DIR / "build_info.json").read_text())
     assert built["cache_key"] == shipped["cache_key"]
     for mode in ("greedy", "sampled"):
         for kind, acc in shipped["heldout"][mode]["accuracy"].items():
             n = shipped["heldout"][mode]["n"][kind]
-            noise = 2 * max(acc * (1 - acc), 1 / n) ** 0.5 / n**0.5  # two binomial standard errors
+            # two independent estimates of n tasks each: their difference has sqrt(2) binomial standard errors
+            noise = 3 * (2 * max(acc * (1 - acc), 1 / n) / n) ** 0.5
             assert abs(built["heldout"][mode]["accuracy"][kind] - acc) <= noise, (mode, kind, built["heldout"])
     from safetensors.torch import load_file
 
     mine, theirs = load_file(tmp_path / "tiny" / "model.safetensors"), load_file(SHIPPED_DIR / "model.safetensors")
-    drift = max(float((mine[k] - theirs[k]).abs().max()) for k in theirs)
-    print(f"largest weight difference from the shipped build: {drift:.3g}")
     assert mine.keys() == theirs.keys() and all(mine[k].shape == theirs[k].shape for k in theirs)
-    assert torch.isfinite(torch.tensor(drift))
+    drift = max(float((mine[k] - theirs[k]).abs().max()) for k in theirs)
+    print(f"largest weight difference from the shipped build: {drift:.3g}")  # 0 where the kernels are the same

@@ -31,7 +31,7 @@ from typing import Any
 
 from agentenv.errors import ConfigError, ToolError
 from agentenv.tools.mcp.config import MCPConfig, MCPServerConfig
-from agentenv.types import ToolResult
+from agentenv.types import ToolErrorKind, ToolResult
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -158,21 +158,21 @@ class ServerProcess:
                     if self.session is None or self._holder is None or self._holder.done():
                         await (self.restart() if self._holder is not None else self.start())
             except ToolError as e:
-                return _failed(f"Error: the {tool} tool is unavailable: {e}", "server_down", t0)
+                return _failed(f"Error: the {tool} tool is unavailable: {e}", "server_down", t0, "error")
         used = self.generation
         try:
             res = await asyncio.wait_for(self.session.call_tool(tool, arguments), timeout_s)
         except TimeoutError:
             await self._recover(used)
             return _failed(f"Error: the {tool} call timed out after {timeout_s:g} s (the server was restarted).",
-                           "timeout", t0)  # fmt: skip
+                           "timeout", t0, "timeout")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a closed connection, a dead process, a protocol error
             dead = self._holder is None or self._holder.done() or _is_disconnect(e)
             if dead:
                 await self._recover(used)
                 return _failed(f"Error: the {self.name} MCP server failed during the {tool} call "
-                               f"({type(e).__name__}: {_cause(e)}); it was restarted.", "server_died", t0)  # fmt: skip
-            return _failed(f"Error: {tool}: {_cause(e)}", "mcp_error", t0)
+                               f"({type(e).__name__}: {_cause(e)}); it was restarted.", "server_died", t0, "error")  # fmt: skip
+            return _failed(f"Error: {tool}: {_cause(e)}", "mcp_error", t0, "error")
         return _as_result(res, time.perf_counter() - t0)
 
     async def _recover(self, used: int) -> None:
@@ -205,8 +205,8 @@ def _cause(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def _failed(text: str, error: str, t0: float) -> ToolResult:
-    return ToolResult(text=text, ok=False, error=error, latency_s=time.perf_counter() - t0)
+def _failed(text: str, error: str, t0: float, kind: ToolErrorKind) -> ToolResult:
+    return ToolResult(text=text, ok=False, error=error, latency_s=time.perf_counter() - t0, kind=kind)
 
 
 def _as_result(res: Any, latency: float) -> ToolResult:
@@ -223,7 +223,8 @@ def _as_result(res: Any, latency: float) -> ToolResult:
     text = "\n".join(parts) if parts else (json.dumps(structured, ensure_ascii=False) if structured is not None else "")
     is_error = bool(getattr(res, "is_error", None) or getattr(res, "isError", None))
     if is_error:
-        return ToolResult(text=f"Error: {text}", ok=False, error="tool_error", latency_s=latency)
+        # the server ran the tool and the tool reported an error (bad input, a failed computation): the agent's
+        return ToolResult(text=f"Error: {text}", ok=False, error="tool_error", latency_s=latency, kind="agent")
     return ToolResult(text=text, ok=True, latency_s=latency)
 
 
@@ -355,7 +356,7 @@ class MCPTool:
         try:
             args = arguments_of(query, self.schema, self.name)
         except ValueError as e:
-            return _failed(f"Error: {e}", "bad_arguments", t0)
+            return _failed(f"Error: {e}", "bad_arguments", t0, "refused")
         process = self._process
         if process is None:
             raise ToolError(f"{self.name}: a stateful MCP tool's prototype is not called; an episode forks it first")
