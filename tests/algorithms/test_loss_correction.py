@@ -163,7 +163,10 @@ class _OldStyleLoss(GRPO):
         return super().loss(batch, new_logprobs)
 
 
-def test_a_plugin_whose_loss_ignores_the_normalizer_is_refused_by_name():
+def test_a_plugin_whose_loss_ignores_the_normalizer_is_refused_by_name(monkeypatch):
+    from agentenv.algorithms import _REGISTRY
+
+    monkeypatch.setattr(_REGISTRY, "_entries", dict(_REGISTRY._entries))  # registered for this test only
     register("old_style_loss_test", _OldStyleLoss, overwrite=True)
     with pytest.raises(ConfigError, match=r"algorithm.name: .*must also take `norm`"):
         config_from_dict({"algorithm": {"name": "old_style_loss_test"}})

@@ -261,15 +261,18 @@ def test_ensure_builds_once_under_the_lock(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build_mod, "build_tiny_model", fake_build)
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(ensure_tiny_model(log=lambda m: None))) for _ in range(3)]
+    other = {"seed": 1}  # not the shipped build: built, not copied
+    threads = [
+        threading.Thread(target=lambda: paths.append(ensure_tiny_model(log=lambda m: None, **other))) for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(calls) == 1
     assert len(set(paths)) == 1 and paths[0].parent == tmp_path / "tiny"
-    assert ensure_tiny_model(log=lambda m: None) == paths[0] and len(calls) == 1
-    ensure_tiny_model(force=True, log=lambda m: None)
+    assert ensure_tiny_model(log=lambda m: None, **other) == paths[0] and len(calls) == 1
+    ensure_tiny_model(force=True, log=lambda m: None, **other)
     assert len(calls) == 2
     assert not [p for p in (tmp_path / "tiny").iterdir() if ".tmp-" in p.name]
 

@@ -245,7 +245,7 @@ async def test_one_megabyte_of_code(py, stateless_pool):
     t0 = time.monotonic()
     res = await stateless_pool.run(code + "print(x + 1)")
     assert time.monotonic() - t0 < BUDGET_S
-    assert (res.ok and res.stdout == "2\n") or res.timed_out, res
+    assert (res.ok and res.stdout == "2\n") or res.timed_out or res.oom, res  # compiling 175k lines is big
     await assert_serving(py)
 
 
