@@ -47,14 +47,12 @@ def train(
         result = Trainer(cfg, resume=resume).train()
     except AgentEnvError as e:  # a bad config (exit 2), an infrastructure fault or a stopped run (exit 1)
         _fail(e)
-    rep = result.final_eval
+    rep, start = result.final_eval, result.initial_eval
     if rep is not None:
-        typer.echo(
-            json.dumps(
-                {"output_dir": str(result.output_dir), "heldout_accuracy": rep.accuracy, "by_kind": rep.by_kind},
-                indent=1,
-            )
-        )
+        out = {"output_dir": str(result.output_dir), "heldout_accuracy": rep.accuracy, "by_kind": rep.by_kind}
+        if start is not None:  # the same held-out tasks and sampling seeds before the first step
+            out.update(heldout_accuracy_at_start=start.accuracy, by_kind_at_start=start.by_kind)
+        typer.echo(json.dumps(out, indent=1))
 
 
 @app.command("eval")
