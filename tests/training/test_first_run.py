@@ -66,7 +66,7 @@ def test_the_main_commands_one_step_run_exits_clean(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for noise in ("Task was destroyed", "was never awaited", "Exception ignored", "Traceback", "Task exception"):
         assert noise not in proc.stderr, proc.stderr[-3000:]
-    assert '"heldout_accuracy"' in proc.stdout
+    assert '"heldout_accuracy"' in proc.stdout and '"heldout_accuracy_at_start"' in proc.stdout
     assert _docker_ps() == before
 
 
