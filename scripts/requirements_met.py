@@ -26,7 +26,10 @@ def installed(name: str) -> bool:
 
 
 def met(extras: list[str]) -> bool:
-    from packaging.requirements import Requirement
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # a fresh environment: nothing is installed yet
+        return False
 
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     try:
