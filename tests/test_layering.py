@@ -12,7 +12,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "agentenv"
 
-BASE = {"errors", "types", "registry", "loader", "cache", "_reaper"}  # _reaper: used by tools (sandbox) and policies (vLLM)
+BASE = {"errors", "types", "registry", "loader", "cache", "_reaper", "_loops"}  # _reaper, _loops: used by tools (sandbox), envs and policies (vLLM)
 # layer -> the layers its modules may import (besides their own and BASE)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),

@@ -48,17 +48,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import contextlib
 import os
-import threading
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, Iterable, Iterator, Literal, Mapping
+from typing import Any, Iterable, Iterator, Literal, Mapping
 
 import numpy as np
 
+from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv.errors import ConfigError, InfraError
 from agentenv.loader import check_number
 from agentenv._reaper import Reaper, tagged
@@ -386,37 +385,6 @@ def engine_args(cfg: VLLMPolicyConfig) -> Any:
     return AsyncEngineArgs(**kwargs)
 
 
-class _EngineLoop:
-    """An event loop in a daemon thread; the engine lives and is only touched there."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        """Run `coro` on the engine loop and block until it is done."""
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("blocking call from the engine's own event loop")
-        return self.submit(coro).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
 @dataclass
 class _Counters:
     requests: int = 0
@@ -474,15 +442,15 @@ class VLLMPolicy:
         self._counters = _Counters()
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
-        self._loop = _EngineLoop("agentenv-vllm")
+        self._loop = LoopThread("agentenv-vllm")
         # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
         self._reaper = Reaper(tag=True)
         try:
             with tagged(self._reaper.tag):
-                self._engine = self._loop.call(self._start_engine())
+                self._engine = self._loop.run(self._start_engine())
         except BaseException:
-            self._loop.stop()
+            self._loop.stop(join_s=30)
             self._reaper.release()
             raise
         # Shut the engine down before interpreter teardown if the owner never closes it.
@@ -531,14 +499,14 @@ class VLLMPolicy:
         self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
     ) -> list[Generation]:
         """Blocking `generate` of several prompts at once (batched by the engine)."""
-        _refuse_inside_loop("generate_many_sync")
+        refuse_inside_loop("generate_many_sync() blocks; called inside a running event loop (use `await generate()`)")
         checked = [self._check_prompt(p) for p in prompts]
         mode = self._check_mode(entropy_mode)
 
         async def _all() -> list[Generation]:
             return list(await asyncio.gather(*(self._agenerate(p, params, mode) for p in checked)))
 
-        return self._loop.call(_all())
+        return self._loop.run(_all())
 
     def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         if self._closed:
@@ -686,18 +654,18 @@ class VLLMPolicy:
             raise RuntimeError("VLLMPolicy is closed")
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         engine = self._engine
-        self._loop.call(engine.pause_generation(mode="wait", clear_cache=True))
+        self._loop.run(engine.pause_generation(mode="wait", clear_cache=True))
         try:
             for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
-                self._loop.call(engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
-            self._loop.call(engine.collective_rpc("agentenv_commit_weights"))
-            if not self._loop.call(engine.reset_prefix_cache()):
+                self._loop.run(engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            self._loop.run(engine.collective_rpc("agentenv_commit_weights"))
+            if not self._loop.run(engine.reset_prefix_cache()):
                 raise InfraError("vLLM refused to reset its prefix cache after a weight update")
         except BaseException:
-            self._loop.call(engine.collective_rpc("agentenv_drop_staged_weights"))
+            self._loop.run(engine.collective_rpc("agentenv_drop_staged_weights"))
             raise
         finally:
-            self._loop.call(engine.resume_generation())
+            self._loop.run(engine.resume_generation())
         self._counters.weight_updates += 1
 
     # ------------------------------------------------------------------ metrics and lifetime
@@ -733,9 +701,9 @@ class VLLMPolicy:
             self._engine.shutdown()
 
         try:
-            self._loop.call(_shutdown(), timeout=120)
+            self._loop.run(_shutdown(), timeout=120)
         finally:
-            self._loop.stop()
+            self._loop.stop(join_s=30)
             self._reaper.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
@@ -765,14 +733,6 @@ def _close_at_exit(ref: "weakref.ref[VLLMPolicy]") -> None:
     policy = ref()
     if policy is not None:
         policy.close()
-
-
-def _refuse_inside_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(f"{what}() blocks; called inside a running event loop (use `await generate()`)")
 
 
 def make_vllm_policy(cfg: VLLMPolicyConfig) -> VLLMPolicy:
