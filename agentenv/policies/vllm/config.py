@@ -9,7 +9,7 @@ from agentenv.errors import ConfigError
 from agentenv.loader import check_number
 
 EntropyMode = Literal["exact", "topk", "full"]
-# Per call also `none`: no entropy (NaN), the baseline of bench/policy.py.
+# Per call also `none`: no entropy (NaN), the baseline of benchmarks/policy.py.
 CallEntropyMode = Literal["exact", "topk", "full", "none"]
 _CALL_MODES = ("exact", "topk", "full", "none")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
