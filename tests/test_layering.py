@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN.md): tools <- envs <- rollout <- algorithms <- training <- cli.
+"""Imports point one way (docs/architecture.md): tools <- envs <- rollout <- algorithms <- training <- cli.
 
 tasks and policies are leaves that envs and rollout use; the toy world stands
 above them and nothing below imports it. Checked on every module's imports,
@@ -64,7 +64,7 @@ def test_imports_point_one_way():
             continue
         modules += 1
         here = layer(f"agentenv.{src}")
-        assert here in ALLOWED, f"{rel}: module of no known layer {here!r}; add it to DESIGN.md and ALLOWED"
+        assert here in ALLOWED, f"{rel}: module of no known layer {here!r}; add it to docs/architecture.md and ALLOWED"
         for line, mod in imports(path):
             there = layer(mod)
             if there not in ("base", here) and there not in ALLOWED[here]:

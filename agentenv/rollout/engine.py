@@ -263,7 +263,7 @@ async def play_to_end(
     except TimeoutError as e:
         # asyncio.timeout's error has no message; others keep theirs.
         return ep.failed_trajectory(task, e if str(e) else f"TimeoutError: episode timed out after {timeout_s:g} s")
-    except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
+    except Exception as e:  # noqa: BLE001 - recorded, never raised (docs/reliability.md: a slow or broken trajectory costs only itself)
         return ep.failed_trajectory(task, e)
     except asyncio.CancelledError:
         if cancel_requested():
