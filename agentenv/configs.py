@@ -23,7 +23,7 @@ from agentenv.envs.config import AgentEnvConfig
 from agentenv.errors import ConfigError
 from agentenv.loader import apply_overrides, build_dataclass, check_number, dump_dataclass, rest_field
 from agentenv.policies.config import PolicyConfig
-from agentenv.rollout.engine import RolloutConfig
+from agentenv.rollout.config import RolloutConfig
 
 
 # --------------------------------------------------------------------------- sections
@@ -242,7 +242,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # Validate every named part now, so a typo or a bad option fails at load time.
-        algo_cfg = self.algorithm.build()
+        self.algorithm.build()
         self.env.validate_parts()
         backends = self.policy.backend_configs(model=self.model.path, dtype=self.model.dtype, seed=self.trainer.seed)
         if self.policy.max_turn_tokens >= self.env.max_context_tokens:
@@ -262,18 +262,22 @@ class RunConfig:
         if self.rollout.agent is not None:
             _check_agent(self)
         _check_forks(self)
-        object.__setattr__(self, "_algorithm_config", algo_cfg)
-        object.__setattr__(self, "_backend_config", backends[self.policy.backend])
+
+    # The two derived configs are built on demand from the frozen fields, not stored: the builds are
+    # cheap, pure and already validated above, so every call gives an equal value, and the instance
+    # holds no state beyond its fields (`dataclasses.replace`, pickling and `==` see all of it).
 
     @property
     def algorithm_config(self) -> Any:
         """The algorithm plugin's validated config."""
-        return self._algorithm_config  # type: ignore[attr-defined]
+        return self.algorithm.build()
 
     @property
     def backend_config(self) -> Any:
         """The chosen policy backend's validated settings (`model` is still `model.path`, unresolved)."""
-        return self._backend_config  # type: ignore[attr-defined]
+        return self.policy.backend_config(
+            self.policy.backend, model=self.model.path, dtype=self.model.dtype, seed=self.trainer.seed
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The plain mapping `config_from_dict` reads back into an equal config."""

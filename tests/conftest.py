@@ -1,5 +1,5 @@
-"""Shared fixtures: the tiny model (shipped with the package, copied into the cache once); under CI only GPU
-tests may skip."""
+"""Shared fixtures: the tiny model (shipped with the package, copied into the cache once), SmolLM2, and for the
+env and rollout tests a real tokenizer trained offline, a task and an encoder; under CI only GPU tests may skip."""
 
 from __future__ import annotations
 
@@ -45,3 +45,26 @@ def smollm2_tokenizer(smollm2_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """A real tokenizer trained offline (the env and rollout tests' own)."""
+    from agentenv.envs.testing import build_test_tokenizer
+
+    return build_test_tokenizer()
+
+
+@pytest.fixture
+def task():
+    from agentenv.envs.testing import make_task
+
+    return make_task()
+
+
+@pytest.fixture
+def enc(tok):
+    def _enc(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False))
+
+    return _enc

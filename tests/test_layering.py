@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN.md): tools <- envs <- rollout <- algorithms <- training <- cli.
+"""Imports point one way (docs/architecture.md): tools <- envs <- rollout <- algorithms <- training <- cli.
 
 tasks and policies are leaves that envs and rollout use; the toy world stands
 above them and nothing below imports it. Checked on every module's imports,
@@ -12,7 +12,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "agentenv"
 
-BASE = {"errors", "types", "registry", "loader", "cache", "_reaper"}  # _reaper: used by tools (sandbox) and policies (vLLM)
+BASE = {"errors", "types", "registry", "loader", "cache", "_reaper", "_loops"}  # _reaper, _loops: used by tools (sandbox), envs and policies (vLLM)
 # layer -> the layers its modules may import (besides their own and BASE)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
@@ -64,7 +64,7 @@ def test_imports_point_one_way():
             continue
         modules += 1
         here = layer(f"agentenv.{src}")
-        assert here in ALLOWED, f"{rel}: module of no known layer {here!r}; add it to DESIGN.md and ALLOWED"
+        assert here in ALLOWED, f"{rel}: module of no known layer {here!r}; add it to docs/architecture.md and ALLOWED"
         for line, mod in imports(path):
             there = layer(mod)
             if there not in ("base", here) and there not in ALLOWED[here]:
@@ -95,3 +95,68 @@ def test_outside_agent_tool_and_task_packages_load_only_when_asked():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the agentenv modules it imports (function-level imports included), parent packages left out."""
+    names = {}
+    for path in PKG.rglob("*.py"):
+        name = ".".join(path.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        names[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        out = set()
+        for _, mod in imports(path):
+            while mod and mod not in names:  # `from agentenv.x import y` where y is not a module
+                mod = mod.rpartition(".")[0]
+            if mod and mod != name and not name.startswith(mod + "."):
+                out.add(mod)
+        graph[name] = out
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No two modules import each other, even through others or inside functions (the bench's
+    runner, report and plots once did: their shared types now live in agentenv.bench.results)."""
+    assert _cycles(_import_graph()) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_shared_plumbing_is_in_the_base_layer():
+    """The event-loop thread and the sync guard live in one base module that tools, envs and policies use."""
+    assert layer("agentenv._loops") == "base"
+    graph = _import_graph()
+    users = {m for m, out in graph.items() if "agentenv._loops" in out}
+    assert {"agentenv.envs.toolloop", "agentenv.envs.sync", "agentenv.tools.python_sandbox.pool", "agentenv.policies.vllm.policy", "agentenv.policies.hf"} <= users

@@ -15,7 +15,8 @@ from agentenv.bench.config import (
     load_bench_config,
     resolve_runs,
 )
-from agentenv.bench.runner import BenchResult, Probe, RunResult, execute, run_benchmark, show_plan
+from agentenv.bench.results import BenchResult, Probe, RunResult
+from agentenv.bench.runner import execute, run_benchmark, show_plan
 from agentenv.bench.stats import (
     Interval,
     PositionEntropy,

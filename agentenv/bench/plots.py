@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from agentenv.bench.results import pool_probes
 from agentenv.bench.stats import curve, eval_curve, mean_curve
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agentenv.bench.runner import Probe, RunResult
+    from agentenv.bench.results import Probe, RunResult
     from agentenv.bench.stats import PositionEntropy
 
 # positions reached by fewer segments than this are not drawn (a mean of one or two is noise)
@@ -92,8 +93,6 @@ def plot_entropy_after_tool(
     variant (seeds pooled), gray for the untrained model. Positions that fewer
     than `MIN_SEGMENTS` segments reach are left out.
     """
-    from agentenv.bench.report import pool_probes
-
     fig = _figure(7.0, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     groups = _by_variant(runs)

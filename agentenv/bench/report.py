@@ -27,9 +27,10 @@ from agentenv.bench.stats import (
     t_interval,
 )
 
+from agentenv.bench.results import Probe, RunResult, pool_probes
+
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.config import BenchConfig
-    from agentenv.bench.runner import Probe, RunResult
 
 # (column stem, metrics.jsonl key) of the rollout metrics averaged over the final steps
 ROLLOUT_METRICS = (
@@ -89,17 +90,6 @@ class VariantRow:
     train_s: Spread
     entropy_after_tool: float
     entropy_first_turn: float
-
-
-def pool_probes(probes: Sequence["Probe | None"], attr: str) -> PositionEntropy | None:
-    """Sum the per-position sums and counts of every run's probe."""
-    parts = [getattr(p, attr) for p in probes if p is not None]
-    if not parts:
-        return None
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
 
 
 def early_mean(pe: PositionEntropy | None, k: int = EARLY_POSITIONS) -> float:

@@ -29,71 +29,12 @@ from typing import Any, Literal
 
 from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_config, resolve_runs
 from agentenv.tasks.task import balanced_subset
-from agentenv.bench.stats import PositionEntropy, entropy_by_position
+from agentenv.bench.results import BenchResult, Probe, RunResult
+from agentenv.bench.stats import entropy_by_position
 from agentenv.configs import RunConfig
 
 RUN_FILE = "bench_run.json"
 PROBE_FILE = "probe.json"
-
-
-@dataclass
-class Probe:
-    """Entropy by position of one policy's rollouts on held-out tasks.
-
-    Attributes:
-        after_tool: Policy segments that follow a tool result.
-        after_prompt: First policy segments (after the prompt), as a reference.
-        episodes: Episodes rolled out.
-        tool_calls: Mean tool calls per episode.
-    """
-
-    after_tool: PositionEntropy
-    after_prompt: PositionEntropy
-    episodes: int = 0
-    tool_calls: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "after_tool": self.after_tool.to_dict(),
-            "after_prompt": self.after_prompt.to_dict(),
-            "episodes": self.episodes,
-            "tool_calls": self.tool_calls,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Probe":
-        return cls(
-            PositionEntropy.from_dict(d["after_tool"]),
-            PositionEntropy.from_dict(d["after_prompt"]),
-            int(d["episodes"]),
-            float(d["tool_calls"]),
-        )
-
-
-@dataclass
-class RunResult:
-    """What one (variant, seed) run left behind.
-
-    Attributes:
-        variant, seed: Which run.
-        algorithm: `algorithm.name` of the run.
-        output_dir: The run's directory.
-        wall_s: Wall time of building the trainer, training and its evaluations.
-        probe_s: Wall time of the entropy probe (0 when off).
-        eval: The trainer's final held-out report (`eval.json`), or {} if none.
-        records: The run's metrics.jsonl records.
-        probe: Entropy probe of the final policy (None when probing is off).
-    """
-
-    variant: str
-    seed: int
-    algorithm: str
-    output_dir: Path
-    wall_s: float
-    eval: dict[str, Any]
-    records: list[dict[str, float]]
-    probe: Probe | None
-    probe_s: float = 0.0
 
 
 def _log(msg: str) -> None:
@@ -383,25 +324,6 @@ def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunRe
 
 
 # --------------------------------------------------------------------------- the benchmark
-@dataclass
-class BenchResult:
-    """Everything a benchmark produced.
-
-    Attributes:
-        config: The benchmark config.
-        runs: One result per (variant, seed), variants in config order.
-        base_probe: The untrained model's probe, if asked for.
-        markdown: The report's markdown (also in `files["markdown"]`).
-        files: Name -> path of every table and plot written.
-    """
-
-    config: BenchConfig
-    runs: list[RunResult]
-    base_probe: Probe | None
-    markdown: str
-    files: dict[str, Path]
-
-
 def show_plan(bench: BenchConfig) -> str:
     """The plan and estimate of `bench` (what `execute` prints first), without running anything."""
     specs = resolve_runs(bench)

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from agentenv._loops import refuse_inside_loop, running_loop
+
 
 class SyncRunner:
     """Runs coroutines to completion on a private loop; refuses inside a running loop.
@@ -31,25 +33,19 @@ class SyncRunner:
         Raises:
             RuntimeError: When an event loop is already running in this thread.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            coro.close()
-            raise RuntimeError(
-                f"{self._owner}.{method}() was called inside a running event loop; "
-                f"use `await env.{self._async_name}(...)` there instead"
-            )
+        refuse_inside_loop(
+            f"{self._owner}.{method}() was called inside a running event loop; "
+            f"use `await env.{self._async_name}(...)` there instead",
+            coro,
+        )
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(coro)
 
     def run_or_schedule(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run `coro` now, or, inside a running loop, schedule it as a task on that loop."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             self.run(coro, method="close")
             return
         task = loop.create_task(coro)

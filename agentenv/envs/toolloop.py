@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from agentenv._loops import HeartbeatLoopThread
 from agentenv.errors import ToolError
 
 T = TypeVar("T")
@@ -35,46 +35,12 @@ STALL_S = 0.5
 _TICK_S = 0.1
 
 
-class _ToolThread:
-    """One event loop in a daemon thread, with a heartbeat."""
-
-    def __init__(self, n: int):
-        self.loop = asyncio.new_event_loop()
-        self.beat = time.monotonic()
-        self.retired = False
-        self._idle_ticks = 0
-        self._thread = threading.Thread(target=self._run, name=f"agentenv-tools-{n}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._tick)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.loop.close()
-
-    def _tick(self) -> None:
-        self.beat = time.monotonic()
-        if self.retired:
-            # Unblocked and drained for two ticks in a row (a call submitted just
-            # before retirement has had its task created by then): the thread ends.
-            self._idle_ticks = self._idle_ticks + 1 if not asyncio.all_tasks(self.loop) else 0
-            if self._idle_ticks >= 2:
-                self.loop.stop()
-                return
-        self.loop.call_later(_TICK_S, self._tick)
-
-    def stalled_s(self) -> float:
-        return time.monotonic() - self.beat - _TICK_S
-
-
 class ToolLoops:
     """Hands out the current tool loop, replacing it when it has stalled."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._current: _ToolThread | None = None
+        self._current: HeartbeatLoopThread | None = None
         self.started = 0
         """Tool loops started in this process (more than 1 means a tool blocked one)."""
 
@@ -85,7 +51,7 @@ class ToolLoops:
                 if cur is not None:
                     cur.retired = True
                 self.started += 1
-                cur = self._current = _ToolThread(self.started)
+                cur = self._current = HeartbeatLoopThread(f"agentenv-tools-{self.started}", _TICK_S)
             return cur.loop
 
     def _forget(self) -> None:  # in a forked child: the parent's threads do not exist here

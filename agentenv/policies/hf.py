@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
+from agentenv._loops import refuse_inside_loop
 from agentenv.policies.config import HFPolicyConfig
 from agentenv.policies.distribution import logprobs_and_entropy
 from agentenv.types import Generation, SamplingParams
@@ -224,12 +225,7 @@ class HFPolicy:
 
     def generate_many_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Blocking batched `generate` of several prompts with the same params."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("generate_sync() called inside a running event loop; use `await generate()`")
+        refuse_inside_loop("generate_sync() called inside a running event loop; use `await generate()`")
 
         async def _all() -> list[Generation]:
             return list(await asyncio.gather(*(self.generate(p, params) for p in prompts)))

@@ -1,8 +1,8 @@
 """agentenv.rollout: the async engine that drives policies against envs."""
 
+from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.engine import (
     Episode,
-    RolloutConfig,
     RolloutEngine,
     StepResult,
     concat_generations,

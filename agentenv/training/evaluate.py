@@ -11,7 +11,7 @@ import numpy as np
 
 from agentenv.tasks.task import Task
 from agentenv.training.passk import pass_at_k
-from agentenv.rollout.engine import RolloutConfig
+from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.toolstats import ToolStats
 from agentenv.types import Group, SamplingParams
 

@@ -185,7 +185,7 @@ def packing_enabled(mode: str, model: object, trees: bool = True) -> bool:
 
     `auto` packs the groups of an algorithm that grows trees (`trees`), where the
     model's attention takes a 4D mask. (A GRPO group shares only its prompt:
-    packed, its update measured no faster; `bench/packing.py`.)
+    packed, its update measured no faster; `benchmarks/packing.py`.)
 
     Raises:
         ConfigError: `on` with an attention that ignores 4D masks.

@@ -10,7 +10,7 @@ import pytest
 
 from agentenv.bench.config import bench_config_from_dict
 from agentenv.bench.report import fmt_interval, pairing_check, write_report
-from agentenv.bench.runner import Probe, RunResult
+from agentenv.bench.results import Probe, RunResult
 from agentenv.bench.stats import Interval, PositionEntropy
 
 ACC = {"a": [0.20, 0.30, 0.40], "b": [0.25, 0.36, 0.44]}  # b - a: +0.05, +0.06, +0.04 -> 0.05 [0.025, 0.075] *

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from agentenv.bench.report import early_mean, pool_probes, variant_rows
-from agentenv.bench.runner import Probe, RunResult
+from agentenv.bench.results import Probe, RunResult
 from agentenv.bench.stats import (
     PositionEntropy,
     by_kind_over_seeds,

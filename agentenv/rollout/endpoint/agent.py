@@ -27,7 +27,8 @@ from agentenv.envs.chat import ChatTemplate
 from agentenv.errors import ConfigError
 from agentenv.registry import load_import_path
 from agentenv.rollout.endpoint.config import EndpointConfig
-from agentenv.rollout.engine import RolloutConfig, cancel_requested, derive_seed
+from agentenv.rollout.config import RolloutConfig
+from agentenv.rollout.engine import cancel_requested, derive_seed
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 

@@ -41,13 +41,13 @@ import logging
 import math
 import os
 import socket
-import threading
 import uuid
 import weakref
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 from typing import Any
 
+from agentenv._loops import LoopThread
 from agentenv._reaper import reap_containers_on_exit
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import SETUP_HINT, docker_client, require_image
@@ -325,37 +325,6 @@ def _set_exc(fut: concurrent.futures.Future, exc: BaseException) -> None:
             fut.set_exception(exc)
 
 
-class _LoopThread:
-    """An event loop of its own, in a daemon thread."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, coro) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def in_loop(self) -> bool:
-        return threading.current_thread() is self.thread
-
-    def call(self, fn, *args) -> None:
-        """Runs `fn(*args)` in the loop: now when called from it, else soon."""
-        if self.in_loop():
-            fn(*args)
-        elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        if not self.in_loop():
-            self.thread.join(5)
-            if not self.thread.is_alive():
-                self.loop.close()
-
-
 _LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
 
 
@@ -387,7 +356,7 @@ class SandboxPool:
 
     def __init__(self, config: PythonSandboxConfig | None = None):
         self.config = config or PythonSandboxConfig()
-        self._io_thread: _LoopThread | None = None  # started on first use
+        self._io_thread: LoopThread | None = None  # started on first use
         self._client: Any = None
         self._channels: list[_Channel] = []
         self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
@@ -404,9 +373,9 @@ class SandboxPool:
         _LIVE_POOLS.add(self)
 
     @property
-    def _io(self) -> _LoopThread:
+    def _io(self) -> LoopThread:
         if self._io_thread is None:
-            self._io_thread = _LoopThread("agentenv-sandbox-io")
+            self._io_thread = LoopThread("agentenv-sandbox-io")
         return self._io_thread
 
     # -- public API (callable from any event loop) ----------------------------
@@ -472,7 +441,7 @@ class SandboxPool:
     def _send(self, ch: _Channel, msg: dict[str, Any]) -> concurrent.futures.Future:
         """Queues one frame to `ch` in submission order; the future gets the reply. Any thread."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._io.call(ch.send, msg, fut)
+        self._io.call_soon(ch.send, msg, fut)
         return fut
 
     async def _await_reply(self, ch: _Channel, fut: concurrent.futures.Future, budget: float) -> Any:
@@ -493,7 +462,7 @@ class SandboxPool:
                 pass
             if loop.time() > end or not await self._alive(ch):
                 reply.add_done_callback(lambda f: f.cancelled() or f.exception())
-                self._io.call(self._replace, ch)
+                self._io.call_soon(self._replace, ch)
                 raise _Hung(f"container {ch.short} stopped answering")
             wait = _GUARD_S
 
@@ -807,7 +776,7 @@ class SandboxPool:
             result = await self._exec(ch, fut, timeout)
         except asyncio.CancelledError:
             # The caller gave up; the container is free again once the runner answers.
-            fut.add_done_callback(lambda f: self._io.call(self._release, ch))
+            fut.add_done_callback(lambda f: self._io.call_soon(self._release, ch))
             raise
         self._release(ch)
         return result
@@ -949,7 +918,7 @@ class SandboxSession:
         if not self.closed:
             self.closed = True
             if self._family is not None:
-                self.pool._io.call(self.pool._leave, self._family)
+                self.pool._io.call_soon(self.pool._leave, self._family)
 
     async def run(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Runs `code` as the session's next cell.
@@ -990,7 +959,7 @@ class SandboxSession:
         sid = uuid.uuid4().hex[:12]
         fut = self.pool._send(self.channel, {"op": "fork", "sid": self.sid, "new": sid})
         if self._family is not None:
-            self.pool._io.call(self.pool._join, self._family)  # in order with a later aclose's _leave
+            self.pool._io.call_soon(self.pool._join, self._family)  # in order with a later aclose's _leave
         return SandboxSession(self.pool, self.channel, sid, created=fut, family=self._family)
 
     async def aclose(self) -> None:

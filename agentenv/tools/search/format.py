@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentenv.types import ToolResult
+
 DEFAULT_K = 10
 """Results per query (ARPO, arXiv 2507.19849: Bing's top-10 snippets)."""
 
@@ -17,6 +19,32 @@ SEARCH_SCHEMA = {
     "required": ["query"],
 }
 """What every search provider declares to chat formats (`agentenv.tools.base.tool_schema`)."""
+
+MAX_QUERY_CHARS = 2000
+"""Longer queries are answered with an error result (they are the model rambling, not a search)."""
+
+TAGS_HINT = "write keywords between the search tags."
+"""What an empty query's refusal tells the model to do (the providers read by a tags format)."""
+
+
+def refuse_query(query: str, empty_hint: str = TAGS_HINT) -> tuple[str, ToolResult | None]:
+    """Every search provider's check of a query: the stripped query, and a refused result when it is
+    empty or longer than `MAX_QUERY_CHARS` (None when it may be searched).
+
+    Args:
+        query: The model's query as written.
+        empty_hint: The sentence after "Empty search query:" (what to write instead).
+    """
+    q = query.strip()
+    if not q:
+        return q, ToolResult(text="", ok=False, error=f"Empty search query: {empty_hint}", kind="refused")
+    if len(q) > MAX_QUERY_CHARS:
+        return q, ToolResult(
+            text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).",
+            kind="refused",
+        )
+    return q, None
+
 
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 """Most bytes of a web provider's answer; a real one is tens of kB (Bing's 50 results: ~100 kB)."""

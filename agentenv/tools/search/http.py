@@ -28,8 +28,8 @@ from agentenv.tools.search.format import (
     Passage,
     format_pages,
     no_results_text,
+    refuse_query,
 )
-from agentenv.tools.search.local import MAX_QUERY_CHARS
 from agentenv.tools.search.ratelimit import TokenBucket
 from agentenv.types import ToolResult
 
@@ -144,14 +144,9 @@ class HTTPSearchTool(abc.ABC):
     # -- the Tool protocol ---------------------------------------------------
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()
-        q = query.strip()
-        if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.", kind="refused")
-        if len(q) > MAX_QUERY_CHARS:
-            return ToolResult(
-                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).",
-                kind="refused",
-            )
+        q, refused = refuse_query(query)
+        if refused is not None:
+            return refused
         try:
             hits = (await self._search(q))[: self.k]
         except _Rejected as e:

@@ -16,11 +16,9 @@ from agentenv.tools.search.format import (
     Passage,
     format_pages,
     no_results_text,
+    refuse_query,
 )
 from agentenv.types import ToolResult
-
-MAX_QUERY_CHARS = 2000
-"""Longer queries are answered with an error result (they are the model rambling, not a search)."""
 
 
 class Retriever(Protocol):
@@ -85,14 +83,9 @@ class LocalSearchTool:
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()
-        q = query.strip()
-        if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords between the search tags.", kind="refused")
-        if len(q) > MAX_QUERY_CHARS:
-            return ToolResult(
-                text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).",
-                kind="refused",
-            )
+        q, refused = refuse_query(query)
+        if refused is not None:
+            return refused
         hits = await asyncio.to_thread(self.retriever.search, q, self.k)
         text = format_pages(hits, self.max_chars) if hits else no_results_text(q)
         return ToolResult(

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from agentenv.cache import build_once, cache_root
 from agentenv.errors import ToolError
-from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, SEARCH_DESCRIPTION, SEARCH_SCHEMA, no_results_text
-from agentenv.tools.search.local import MAX_QUERY_CHARS, check_retriever
+from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, SEARCH_DESCRIPTION, SEARCH_SCHEMA, no_results_text, refuse_query
+from agentenv.tools.search.local import check_retriever
 from agentenv.types import ToolResult
 
 _PAGE_RE = re.compile(r"^Page \d+: ", re.MULTILINE)
@@ -125,11 +125,9 @@ class ReplaySearchTool:
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()
-        q = query.strip()
-        if not q:
-            return ToolResult(text="", ok=False, error="Empty search query: write keywords to search for.", kind="refused")
-        if len(q) > MAX_QUERY_CHARS:
-            return ToolResult(text="", ok=False, error=f"Search query too long ({len(q)} characters, at most {MAX_QUERY_CHARS}).", kind="refused")
+        q, refused = refuse_query(query, empty_hint="write keywords to search for.")
+        if refused is not None:
+            return refused
         recorded = self._recorded.get(normalize_query(q))
         if recorded:
             self.replayed += 1

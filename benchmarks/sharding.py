@@ -10,7 +10,7 @@ tensor at a time, LoRA merged). Memory is the process's peak resident set
 alone (median of 3). Shapes: the tiny model, and a random-initialised Qwen2 of
 about 0.2 B parameters.
 
-    python bench/sharding.py [--shapes tiny,qwen2-0.2b] [--seq 256]
+    python benchmarks/sharding.py [--shapes tiny,qwen2-0.2b] [--seq 256]
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ Entropy is read at each position the model wrote after each tool result, by the
 kind of result: `search`/`python` (the tool ran) or `invalid` (an error result
 for a malformed call).
 
-    python bench/pilot_entropy.py [--questions 96] [--samples 2] [--out bench/results/pilot_entropy]
+    python benchmarks/pilot_entropy.py [--questions 96] [--samples 2] [--out benchmarks/results/pilot_entropy]
 
 Prints a table (mean entropy by token window after a tool result against the
 response's start, with the number of trajectories behind each number) and writes
@@ -226,7 +226,7 @@ def main() -> None:
     ap.add_argument("--max-turn-tokens", type=int, default=96, help="tokens per turn (>= the 50 positions read)")
     ap.add_argument("--positions", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results/pilot_entropy")
+    ap.add_argument("--out", default="benchmarks/results/pilot_entropy")
     ap.add_argument("--dump", type=int, default=0, help="print this many prefilled trajectories")
     ap.add_argument("--demo", action="store_true", help="append two worked examples to ARPO's system prompt")
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 """A tool that blocks its thread: the rollout loop's stall, tools awaited in the loop vs on the tool loop.
 
-Usage: python bench/tool_loop.py [--block-s 5] [--timeout-s 0.5] [--calls 2000]
+Usage: python benchmarks/tool_loop.py [--block-s 5] [--timeout-s 0.5] [--calls 2000]
 
 Side by side in one process:
 - in the loop: `asyncio.wait_for(tool(query), timeout)` on the rollout's own

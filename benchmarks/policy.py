@@ -16,7 +16,7 @@ Two workloads on the same model and dtype, both backends in this one process:
   continuations of it (the prompt plus a short distinct suffix, as ARPO's
   branches), sent at once; reported as vLLM's prefix-cache hit rate.
 
-    python bench/policy.py [--model NAME_OR_PATH] [--dtype float32] [--repeats 5] [--block-size 32] [--no-stops]
+    python benchmarks/policy.py [--model NAME_OR_PATH] [--dtype float32] [--repeats 5] [--block-size 32] [--no-stops]
                            [--vocab N]
 
 `--model` is what `model.path` takes: a registered name (`tiny`, the default,

@@ -8,7 +8,7 @@ Each variant browses the same pages with a goal, no summarizer:
 - `fast`: trafilatura's plain-text baseline (what pages over the cap get).
 - `cached`: the same pages again from a warm SQLite page cache (no network).
 
-    python bench/browser.py [--pages 200] [--concurrency 16]
+    python benchmarks/browser.py [--pages 200] [--concurrency 16]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Local search latency: BM25 over a synthetic corpus, the async tool, and the cache, side by side.
 
-Usage: python bench/search.py [--passages 100000] [--queries 500] [--concurrency 16] [--workdir DIR]
+Usage: python benchmarks/search.py [--passages 100000] [--queries 500] [--concurrency 16] [--workdir DIR]
 
 Prints a markdown table: index build and reload time, BM25 latency (p50/p95)
 and queries per second called directly, through `LocalSearchTool` (one at a

@@ -1,6 +1,6 @@
 """Python sandbox latency and throughput: the warm pool against one `docker exec` per call.
 
-Usage: python bench/sandbox.py [--n 200] [--n-heavy 60] [--concurrency 8] [--pool-size 8] [--n-container 5]
+Usage: python benchmarks/sandbox.py [--n 200] [--n-heavy 60] [--concurrency 8] [--pool-size 8] [--n-container 5]
 
 Side by side in one process, on the same image and the same container limits:
 - warm pool, stateless: the runner (PID 1 of each container) forks a fresh

@@ -10,7 +10,7 @@ client's wall time minus the time its `policy.generate` call took inside the
 endpoint (HTTP, JSON, the openai client's parsing, rendering the messages,
 tokenizing, stitching and recording). The goal: under 5 ms at p50.
 
-    python bench/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
+    python benchmarks/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
 
 `--backend scripted` answers every request at once with a fixed text (the tiny
 model's tokenizer): the latency left is the endpoint's and the client's own.

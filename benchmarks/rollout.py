@@ -31,7 +31,7 @@ Policies:
 
 Policy idle: wall time with no `generate` call in flight.
 
-    python bench/rollout.py [--part scripted,episodes,tiny,real] [--step-ms 10] [--tasks 8]
+    python benchmarks/rollout.py [--part scripted,episodes,tiny,real] [--step-ms 10] [--tasks 8]
 
 Parts: `scripted` (calls × latency × GRPO/ARPO, 8 tasks × 8 trajectories),
 `episodes` (6 calls, median 0.2 s: 1 to 32 tasks), `tiny` (the tiny model,

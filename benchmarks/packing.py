@@ -11,7 +11,7 @@ tokens; the positions the model computes unpacked (rows padded to the longest
 of their micro-batch) and packed (packs padded to the longest pack). Each
 timing is the median of `--repeats`, unpacked and packed alternating.
 
-    python bench/packing.py [--tasks 4] [--repeats 3] [--backend hf] [--only toy_arpo,paper_arpo,toy_grpo]
+    python benchmarks/packing.py [--tasks 4] [--repeats 3] [--backend hf] [--only toy_arpo,paper_arpo,toy_grpo]
 
 Workloads (the tiny model, the toy config's tasks and tools):
 - toy_arpo: configs/toy_arpo.yaml (M = 8, N = 4, Z = 2, k = 10);

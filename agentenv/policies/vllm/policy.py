@@ -1,0 +1,349 @@
+"""The vLLM engine as a `Policy` (see the package docstring for what it reports)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+
+from agentenv._loops import LoopThread, refuse_inside_loop
+from agentenv._reaper import Reaper, tagged
+from agentenv.errors import InfraError
+from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
+from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
+from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
+from agentenv.types import FinishReason, Generation, SamplingParams
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    weight_updates: int = 0
+
+
+
+class VLLMPolicy:
+    """A vLLM engine as a `Policy`.
+
+    Args:
+        config: Where the model is and how to run the engine.
+        tokenizer: An already built tokenizer (skips loading one).
+    """
+
+    def __init__(self, config: VLLMPolicyConfig, tokenizer: Any = None):
+        _import_vllm()
+        self.config = config
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.tokenizer = tokenizer
+        self._counters = _Counters()
+        self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
+        self._closed = False
+        self._loop = LoopThread("agentenv-vllm")
+        # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
+        # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
+        self._reaper = Reaper(tag=True)
+        try:
+            with tagged(self._reaper.tag):
+                self._engine = self._loop.run(self._start_engine())
+        except BaseException:
+            self._loop.stop(join_s=30)
+            self._reaper.release()
+            raise
+        # Shut the engine down before interpreter teardown if the owner never closes it.
+        atexit.register(_close_at_exit, weakref.ref(self))
+        model_config = self._engine.model_config
+        self.vocab_size: int = model_config.get_vocab_size()
+        self.max_model_len: int = model_config.max_model_len
+        self._dtype = model_config.dtype  # torch dtype of the served weights
+
+    async def _start_engine(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine = AsyncLLM.from_engine_args(engine_args(self.config))
+        if self.config.entropy_mode == "exact":
+            try:
+                await engine.collective_rpc("agentenv_install_entropy")
+            except BaseException:
+                engine.shutdown()
+                raise
+        return engine
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
+    ) -> Generation:
+        """Sample one continuation of `prompt_ids`; batched with concurrent calls.
+
+        Args:
+            prompt_ids: The context so far.
+            params: How to sample.
+            entropy_mode: Overrides `config.entropy_mode` for this call; also
+                `none` (entropies NaN: the baseline for benchmarks).
+        """
+        prompt_ids = self._check_prompt(prompt_ids)
+        mode = self._check_mode(entropy_mode)
+        return await asyncio.wrap_future(self._loop.submit(self._agenerate(prompt_ids, params, mode)))
+
+    def generate_sync(
+        self, prompt_ids: list[int], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
+    ) -> Generation:
+        """Blocking `generate` for scripts (not from inside a running event loop)."""
+        return self.generate_many_sync([prompt_ids], params, entropy_mode=entropy_mode)[0]
+
+    def generate_many_sync(
+        self, prompts: list[list[int]], params: SamplingParams, *, entropy_mode: CallEntropyMode | None = None
+    ) -> list[Generation]:
+        """Blocking `generate` of several prompts at once (batched by the engine)."""
+        refuse_inside_loop("generate_many_sync() blocks; called inside a running event loop (use `await generate()`)")
+        checked = [self._check_prompt(p) for p in prompts]
+        mode = self._check_mode(entropy_mode)
+
+        async def _all() -> list[Generation]:
+            return list(await asyncio.gather(*(self._agenerate(p, params, mode) for p in checked)))
+
+        return self._loop.run(_all())
+
+    def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
+        if self._closed:
+            raise RuntimeError("VLLMPolicy is closed")
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("generate() needs a non-empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
+                "(the env's context budget should end the episode before this)"
+            )
+        return prompt_ids
+
+    def _check_mode(self, mode: CallEntropyMode | None) -> CallEntropyMode:
+        mode = mode or self.config.entropy_mode
+        if mode not in _CALL_MODES:
+            raise ValueError(f"entropy_mode must be one of {list(_CALL_MODES)}, got {mode!r}")
+        if mode == "exact" and self.config.entropy_mode != "exact":
+            raise ValueError(
+                f"entropy_mode='exact' needs an engine started with entropy_mode='exact' (this one: "
+                f"{self.config.entropy_mode!r}): the entropy is computed by a sampler hook installed at start"
+            )
+        return mode
+
+    def _vllm_params(self, params: SamplingParams, mode: CallEntropyMode) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            n=1,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,  # vLLM: 0 disables
+            seed=params.seed,
+            # Stop strings are matched here, not by vLLM: its detokenizer would also decode
+            # every returned logprob token one by one (21 per token at k=20, the whole
+            # vocabulary in full mode), which halves throughput (full: /25).
+            detokenize=False,
+            # The sampled token's logprob always; `topk` adds the k largest, `full` all V.
+            logprobs={"topk": self.config.entropy_topk, "full": -1}.get(mode, 0),
+            flat_logprobs=True,
+            # With stop strings we watch tokens as they come; otherwise only the end matters.
+            output_kind=RequestOutputKind.DELTA if params.stop else RequestOutputKind.FINAL_ONLY,
+            stream_interval=self.config.stop_check_interval if params.stop else None,
+        )
+
+    async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: CallEntropyMode) -> Generation:
+        """Runs on the engine loop."""
+        from vllm.inputs import tokens_input
+
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        entropies: list[float] = []
+        stop_string: str | None = None
+        last = None  # the last CompletionOutput seen
+        num_cached = 0
+        last_chars = _filterable_last_chars(params.stop)
+        request = self._engine.generate(tokens_input(prompt_ids), self._vllm_params(params, mode), uuid.uuid4().hex)
+        # aclosing: leaving early (a stop string) closes the stream, which aborts the request in the engine.
+        async with contextlib.aclosing(request) as stream:
+            async for out in stream:
+                num_cached = out.num_cached_tokens or num_cached
+                last = out.outputs[0]
+                new = list(last.token_ids)
+                lps, ents = _token_logprobs_and_entropies(last.logprobs, len(new), mode, self.vocab_size)
+                if not params.stop:
+                    token_ids += new
+                    logprobs += lps
+                    entropies += ents
+                    continue
+                for j, tok in enumerate(new):
+                    token_ids.append(tok)
+                    logprobs.append(lps[j])
+                    entropies.append(ents[j])
+                    ends_on_eos = last.finish_reason == "stop" and j == len(new) - 1
+                    # An EOS token ends the turn as EOS (as in hf); a token without any stop
+                    # string's last character cannot complete one (skips the window decode).
+                    if not ends_on_eos and (last_chars is None or self._has_any_char(tok, last_chars)):
+                        stop_string = self._find_stop(token_ids, params.stop)
+                        if stop_string is not None:
+                            break
+                if stop_string is not None:
+                    break
+        if last is None:
+            raise InfraError("vLLM returned no output for a request")
+
+        reason: FinishReason
+        if stop_string is not None:
+            reason = "stop"
+        elif last.finish_reason == "length":
+            reason = "length"
+        elif last.finish_reason == "stop":  # EOS (stop_reason None) or a generation_config EOS id (an int)
+            reason = "eos"
+            if not params.include_eos:
+                token_ids, logprobs, entropies = token_ids[:-1], logprobs[:-1], entropies[:-1]
+        else:
+            raise InfraError(f"vLLM ended a request with finish_reason={last.finish_reason!r}")
+
+        c = self._counters
+        c.requests += 1
+        c.prompt_tokens += len(prompt_ids)
+        c.cached_prompt_tokens += num_cached
+        c.generated_tokens += len(token_ids)
+        return Generation(token_ids, logprobs, entropies, reason, stop_string=stop_string)
+
+    def _has_any_char(self, token_id: int, chars: frozenset[str]) -> bool:
+        text = self._piece_cache.get(token_id)
+        if text is None:
+            text = self._piece_cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return any(c in text for c in chars)
+
+    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
+        """The stop string that the last token completed, if any.
+
+        Called after every token, so a stop string first shows up in the tail
+        window when its last token lands. The window covers the longest stop
+        string (a character is at most 4 byte-level tokens). Several at once:
+        the one that starts first wins (as in hf).
+        """
+        window = 4 * max(len(s) for s in stops) + 4
+        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
+        found = [(text.find(s), s) for s in stops if s in text]
+        return min(found)[1] if found else None
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
+        """Put the trainer's weights (names as in `state_dict()`) into the running engine.
+
+        Running requests finish first on the old weights (new ones wait), so
+        every sequence comes from one set of weights. The tensors go to the
+        workers in chunks, are loaded in place (no restart), and then the
+        prefix cache is reset: cached KV computed by the old weights is stale.
+        Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped.
+        Blocks the calling thread (the engine runs on its own event loop, so
+        calling it from inside a running loop cannot deadlock).
+
+        The tensors travel through host memory (safetensors bytes over the
+        engine's RPC), which works for every device and tensor-parallel size;
+        each worker holds a host copy of the full weights until the commit.
+        """
+        if self._closed:
+            raise RuntimeError("VLLMPolicy is closed")
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        engine = self._engine
+        self._loop.run(engine.pause_generation(mode="wait", clear_cache=True))
+        try:
+            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
+                self._loop.run(engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            self._loop.run(engine.collective_rpc("agentenv_commit_weights"))
+            if not self._loop.run(engine.reset_prefix_cache()):
+                raise InfraError("vLLM refused to reset its prefix cache after a weight update")
+        except BaseException:
+            self._loop.run(engine.collective_rpc("agentenv_drop_staged_weights"))
+            raise
+        finally:
+            self._loop.run(engine.resume_generation())
+        self._counters.weight_updates += 1
+
+    # ------------------------------------------------------------------ metrics and lifetime
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since start (or `reset_metrics`).
+
+        `prefix_cache_hit_rate` is the share of prompt tokens whose KV came from
+        the prefix cache (vLLM's per-request `num_cached_tokens`), over finished
+        requests; `unfinished_requests` is what the engine holds right now.
+        """
+        c = self._counters
+        return {
+            "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "requests": float(c.requests),
+            "prompt_tokens": float(c.prompt_tokens),
+            "cached_prompt_tokens": float(c.cached_prompt_tokens),
+            "generated_tokens": float(c.generated_tokens),
+            "weight_updates": float(c.weight_updates),
+            "unfinished_requests": float(self._engine.get_num_unfinished_requests()) if not self._closed else 0.0,
+        }
+
+    def reset_metrics(self) -> None:
+        self._counters = _Counters(weight_updates=self._counters.weight_updates)
+
+    def close(self) -> None:
+        """Shut the engine's processes down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def _shutdown() -> None:
+            self._engine.shutdown()
+
+        try:
+            self._loop.run(_shutdown(), timeout=120)
+        finally:
+            self._loop.stop(join_s=30)
+            self._reaper.release()
+            # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
+            self._engine = None
+
+    def __enter__(self) -> "VLLMPolicy":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _filterable_last_chars(stops: tuple[str, ...]) -> frozenset[str] | None:
+    """The stop strings' last characters, if a token's own text can rule them out.
+
+    A token completes a stop string only if its text holds the string's last
+    character. Decoded alone, a token keeps its ASCII characters (in UTF-8 an
+    ASCII byte is never part of a longer character), but may lose a leading
+    space (SentencePiece), so only ASCII non-space last characters qualify.
+    """
+    chars = frozenset(s[-1] for s in stops)
+    if not chars or not all(c.isascii() and not c.isspace() for c in chars):
+        return None
+    return chars
+
+
+def _close_at_exit(ref: "weakref.ref[VLLMPolicy]") -> None:
+    policy = ref()
+    if policy is not None:
+        policy.close()
+
+
+def make_vllm_policy(cfg: VLLMPolicyConfig) -> VLLMPolicy:
+    """Build the `vllm` backend from its config (what `policy.backend: vllm` selects)."""
+    if not isinstance(cfg, VLLMPolicyConfig):
+        raise TypeError(f"make_vllm_policy needs a VLLMPolicyConfig, got {type(cfg).__name__}")
+    return VLLMPolicy(cfg)
