@@ -6,7 +6,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from agentenv.algorithms.base import LossNorm, Reduce, TrainBatch, group_generated_tokens
+from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.grpo.config import GRPOConfig
 from agentenv.algorithms.estimators import Estimator, get_estimator, group_scalars
 from agentenv.algorithms.grpo.loss import aggregate, clipped_pg_loss, kl_k3, masked_mean
@@ -47,7 +47,7 @@ def broadcast(traj: Trajectory, value: float) -> torch.Tensor:
     return torch.full((len(traj),), float(value), dtype=torch.float32)
 
 
-class GRPO:
+class GRPO(Algorithm):
     """GRPO (Shao et al., 2024) with DAPO's clip-higher and token-mean options.
 
     Subclasses that differ only in the advantage (RLOO, REINFORCE++) override
@@ -57,7 +57,7 @@ class GRPO:
     config_cls: ClassVar[type] = GRPOConfig
 
     def __init__(self, cfg: GRPOConfig | None = None):
-        self.cfg = cfg or GRPOConfig()
+        super().__init__(cfg or GRPOConfig())
 
     def estimator(self) -> Estimator:
         """The trajectory-level advantage estimator (`agentenv.algorithms.estimators`)."""
