@@ -24,7 +24,9 @@ class DrGRPOConfig(GRPOConfig):
             by, instead of its own length (its "response-level length bias"): the
             loss is sum over policy tokens / (sequences * loss_constant), as TRL's
             `loss_type="dr_grpo"` (`max_completion_length`) and verl's
-            `seq-mean-token-sum-norm`. The paper uses the generation budget;
+            `seq-mean-token-sum` divided by the constant (verl's
+            `seq-mean-token-sum-norm` differs from it by the number of
+            sequences). The paper uses the generation budget;
             a value near the policy tokens of a long trajectory keeps the loss's
             scale near GRPO's.
     """

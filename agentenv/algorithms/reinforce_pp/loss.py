@@ -5,9 +5,13 @@ t also gets the per-token penalty -beta * KL_t (k1, log pi_old - log pi_ref);
 the return (gamma = 1) is G_t = r - beta * sum_{s >= t} KL_s over policy tokens;
 advantages are the returns whitened over every policy token of the global batch.
 We follow OpenRLHF (Hu's framework, `experience_maker.compute_advantages_and_returns`):
-k1 in the reward, population variance, 1 / sqrt(max(var, 1e-8)); verl's
-`compute_reinforce_plus_plus_outcome_advantage` differs only by Bessel's
-correction in the variance.
+k1 in the reward, population variance, 1 / sqrt(max(var, 1e-8)). verl's
+`compute_reinforce_plus_plus_outcome_advantage` differs on multi-turn masks: it
+restarts the return at every masked token, so a tool result inside the response
+changes the first turn's advantage, where here the return runs over the policy
+tokens only, across tool results; and by Bessel's correction in the variance.
+For the baseline variant, verl also differs in where the KL goes, not only
+by Bessel's correction.
 
 Shapes: G trajectories of a group; B trajectories, T predicted tokens.
 """
