@@ -104,10 +104,10 @@ def available() -> list[str]:
 register("grpo", "agentenv.algorithms.grpo:GRPO")
 register("arpo", "agentenv.algorithms.arpo:ARPO")
 register("dapo", "agentenv.algorithms.dapo:DAPO")
-register("reinforce_pp", "agentenv.algorithms.reinforce_pp:ReinforcePP")
-register("reinforce_pp_baseline", "agentenv.algorithms.reinforce_pp:ReinforcePPBaseline")
-register("rloo", "agentenv.algorithms.rloo:RLOO")
+register("reinforce_pp", "agentenv.algorithms.presets:ReinforcePP")  # presets: GRPO with another estimator
+register("reinforce_pp_baseline", "agentenv.algorithms.presets:ReinforcePPBaseline")
+register("rloo", "agentenv.algorithms.presets:RLOO")
 register("gspo", "agentenv.algorithms.gspo:GSPO")
-register("dr_grpo", "agentenv.algorithms.dr_grpo:DrGRPO")
+register("dr_grpo", "agentenv.algorithms.presets:DrGRPO")
 
 __all__ = ["Algorithm", "as_algorithm", "available", "get_algorithm", "register"]

@@ -26,7 +26,7 @@ import torch
 
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
-from agentenv.algorithms.grpo.loss import kl_k3
+from agentenv.algorithms.core import kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path

@@ -11,8 +11,7 @@ from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
 from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
-from agentenv.algorithms.estimators import Estimator, get_estimator, group_scalars
-from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss
+from agentenv.algorithms.core import Estimator, broadcast, get_estimator, group_scalars, policy_loss
 from agentenv.rollout.engine import RolloutConfig
 from agentenv.types import Group, Trajectory
 
