@@ -29,7 +29,7 @@ def _missing(obj: Any) -> list[str]:
     return [m for m in _REQUIRED if not hasattr(obj, m)]
 
 
-def as_algorithm(obj: Any) -> type[Algorithm]:
+def as_algorithm(obj: Any, key: str = "algorithm.name") -> type[Algorithm]:
     """`obj`, a class with the required members, as a subclass of `Algorithm`.
 
     A plugin written before the base class (or without it) gets the base's
@@ -62,13 +62,11 @@ def as_algorithm(obj: Any) -> type[Algorithm]:
     try:
         return type(obj)(obj.__name__, (obj, Algorithm), ns)
     except TypeError as e:  # a metaclass or layout that cannot take the base
-        raise ConfigError("algorithm.name", f"{obj!r} cannot take agentenv.algorithms.base.Algorithm's defaults "
+        raise ConfigError(key, f"{obj!r} cannot take agentenv.algorithms.base.Algorithm's defaults "
                           f"({e}): subclass it") from None
 
 
-def _check(obj: Any, key: str) -> Any:
-    if not isinstance(obj, type):
-        raise ConfigError(key, f"{obj!r} is not an algorithm: a class is needed (see agentenv.algorithms.base.Algorithm)")
+def _check(obj: Any, key: str) -> type[Algorithm]:
     missing = _missing(obj)
     if missing:
         raise ConfigError(
@@ -81,7 +79,9 @@ def _check(obj: Any, key: str) -> Any:
             f"{obj!r}: loss(batch, new_logprobs) must also take `norm`, the mini-batch's LossNorm, and divide by it: "
             "the trainer sums the micro-batch losses of a mini-batch (see agentenv.algorithms.base.Algorithm.loss)",
         )
-    return as_algorithm(obj)
+    if not isinstance(obj, type):  # the trainer calls the base's hooks on what it builds: a class is needed
+        raise ConfigError(key, f"{obj!r} is not an algorithm class (subclass agentenv.algorithms.base.Algorithm)")
+    return as_algorithm(obj, key)
 
 
 _REGISTRY: Registry[type[Algorithm]] = Registry("algorithm", "algorithm.name", group="agentenv.algorithms", adapt=_check)
