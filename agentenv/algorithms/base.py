@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -108,6 +108,13 @@ MakeEnv = Callable[[], Any]
 # batch-level hook calls it the same number of times on every process.
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
+# Rolls out this process's `tasks` in one extra sampling round: (tasks, their positions in the
+# round's global draw, the round's number from 1) -> one group per task.
+RolloutRound = Callable[[list[Any], list[int], int], list[Group]]
+
+# Draws the next `n` tasks of the run's task stream (the same on every process).
+Draw = Callable[[int], list[Any]]
+
 
 @runtime_checkable
 class Sampler(Protocol):
@@ -118,60 +125,45 @@ class Sampler(Protocol):
     ) -> Group: ...
 
 
-@runtime_checkable
-class Algorithm(Protocol):
-    """An RL algorithm plugin.
+class Algorithm:
+    """An RL algorithm plugin, and the base of every registered one: each hook the trainer calls, with its default.
 
     `config_cls` is a validated dataclass; the trainer builds it from the
     `algorithm` section of the run config (minus `name`) and passes it to the
-    constructor. The trainer uses nothing else of a plugin: register one by
-    name (`agentenv.algorithms.register`), name it as `module:attr`, or ship it
-    in the `agentenv.algorithms` entry-point group. Optional: a class attribute
-    `grows_trees = True` says that a group's trajectories share long prefixes
-    (a tree's branches), which `trainer.pack_prefixes=auto` then computes once.
+    constructor (kept as `self.cfg`). The trainer calls every hook below on
+    every step, and nothing else of a plugin. Register one by name
+    (`agentenv.algorithms.register`), name it as `module:attr`, or ship it in
+    the `agentenv.algorithms` entry-point group. A plugin must define
+    `config_cls`, `sampler`, `advantages`, `loss` and `generated_tokens`; the
+    others have defaults here. A plugin class that does not subclass
+    `Algorithm` is given these defaults by the registry (see
+    `agentenv.algorithms.as_algorithm`).
 
-    Optional batch-level hook, for what a group cannot decide alone:
-
-        def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory],
-                     reduce: Reduce) -> dict[str, float]
-
-    The trainer calls it once per step on every process, after the old (and
-    reference) logprobs are in `batch` and before any update; row i of `batch`
-    is `trajectories[i]`. It may rewrite `batch.advantages` and `batch.loss_mask`
-    in place (a token whose mask it zeroes leaves the loss and its normalizer),
-    e.g. a KL penalty folded into the return, advantages normalized over the
-    global batch with `reduce`, or trajectories filtered out. It returns metrics
-    (means, logged under `train/`).
-
-    Optional group filter, for dynamic sampling (DAPO):
-
-        def keep_group(self, group: Group) -> bool
-
-    The trainer replaces the groups it rejects with groups of new tasks, in at
-    most `max_resample_rounds` (a field of the algorithm's config; 0 if absent)
-    extra rounds per step, then fills what is left with rejected groups
-    (`Trainer.resample`).
+    Attributes:
+        grows_trees: A group's trajectories share long prefixes (a tree's
+            branches), which `trainer.pack_prefixes=auto` then computes once.
     """
 
     config_cls: ClassVar[type]
+    grows_trees: ClassVar[bool] = False
 
+    def __init__(self, cfg: Any = None):
+        self.cfg = cfg if cfg is not None else self.config_cls()
+
+    # ---------------------------------------------------------------- required
     def sampler(self, rollout: RolloutConfig | None = None) -> Sampler:
         """A sampler for one training step, within the run's `rollout` limits (per-trajectory
         timeout, concurrency over the step's groups)."""
-        ...
+        raise NotImplementedError
 
     def generated_tokens(self, group: Group) -> int:
         """Policy tokens the sampler generated for `group` (a shared prefix counts once);
         `group_generated_tokens` counts any group whose trajectories record their branch points."""
-        ...
-
-    def group_size(self) -> int:
-        """Trajectories per task (G for GRPO, M for ARPO)."""
-        ...
+        raise NotImplementedError
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         """Per trajectory, a (len(trajectory),) tensor of per-token advantages."""
-        ...
+        raise NotImplementedError
 
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
@@ -182,7 +174,51 @@ class Algorithm(Protocol):
         mini-batch's counts: divide by them (not by this micro-batch's), since the
         trainer sums the micro-batch losses of a mini-batch before each update.
         """
-        ...
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- defaults
+    def group_size(self) -> int:
+        """Trajectories per task (G for GRPO, M for ARPO); default: the config's `group_size`."""
+        return int(self.cfg.group_size)
+
+    def needs_reference(self) -> bool:
+        """Whether the trainer loads a reference model (its logprobs land in `batch.ref_logprobs`);
+        default: the config's `kl_coef` is above 0 (a config without one: no)."""
+        return float(getattr(self.cfg, "kl_coef", 0.0)) > 0
+
+    def keep_group(self, group: Group) -> bool:
+        """Dynamic sampling's group filter (DAPO); default: every group is kept."""
+        return True
+
+    def max_resample_rounds(self) -> int:
+        """Extra rounds of sampling per step for groups that `keep_group` rejects; default 0."""
+        return 0
+
+    def resample(
+        self, groups: list[Group], rollout: RolloutRound, draw: Draw, reduce: Reduce, rank: int, world: int
+    ) -> tuple[list[Group], dict[str, float]]:
+        """The step's groups after dynamic sampling, and its metrics (logged as they are).
+
+        The trainer calls it once per step on every process with this process's
+        groups. Default: `groups` as they are, no metrics. An algorithm with a
+        group filter returns `DynamicSampling(...).refill(...)`
+        (`agentenv.algorithms.dynamic_sampling`), which keeps the processes in lockstep.
+        """
+        return groups, {}
+
+    def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
+        """The batch-level step, for what a group cannot decide alone; default: nothing, no metrics.
+
+        The trainer calls it once per step on every process, after the old (and
+        reference) logprobs are in `batch` and before any update; row i of `batch`
+        is `trajectories[i]`. It may rewrite `batch.advantages` and `batch.loss_mask`
+        in place (a token whose mask it zeroes leaves the loss and its normalizer),
+        e.g. a KL penalty folded into the return, advantages normalized over the
+        global batch with `reduce` (called the same number of times on every
+        process), or trajectories filtered out. It returns metrics (means,
+        logged under `train/`).
+        """
+        return {}
 
 
 def generated_tokens(traj: Trajectory) -> int:

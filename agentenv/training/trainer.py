@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from agentenv.algorithms import get_algorithm
-from agentenv.algorithms.base import LossNorm, TrainBatch, own_tool_results
-from agentenv.algorithms.grpo.loss import kl_k3
+from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
+from agentenv.algorithms.core import kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
@@ -104,6 +104,7 @@ class Trainer:
         if self.engine_log.path is not None and self.acc.is_main_process:
             print(f"[train] engine output: {self.engine_log.path} (logging.verbose=true shows it here)",
                   file=sys.stderr, flush=True)
+        self.algorithm: Algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         dtype = getattr(torch, cfg.model.dtype)
         # The engine's start and the models' loading print pages of logs and progress bars: to the engine log.
         with self.engine_log.capture():
@@ -115,11 +116,10 @@ class Trainer:
                     "model.path", f"cannot load a model from {self.rt.model_path!r}: {first_line(e)}"
                 ) from None
             self.ref_model = None
-            if getattr(cfg.algorithm_config, "kl_coef", 0.0) > 0:
+            if self.algorithm.needs_reference():
                 self.ref_model = AutoModelForCausalLM.from_pretrained(self.rt.model_path, dtype=dtype).eval()
                 self.ref_model.requires_grad_(False)
                 self.ref_model.to(self.acc.device)
-        self.algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         self.stream = TaskStream(self.rt.tasks.train, seed=tc.seed)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -127,7 +127,7 @@ class Trainer:
         total = max(1, tc.steps * updates_per_step)
         self.total_updates = total
         # shared prefixes once in recompute and update (auto: for algorithms that grow trees)
-        self.pack = packing_enabled(tc.pack_prefixes, model, trees=getattr(self.algorithm, "grows_trees", False))
+        self.pack = packing_enabled(tc.pack_prefixes, model, trees=self.algorithm.grows_trees)
         self.strategy = sharding.Strategy(self.acc, tc.strategy, cfg.model.lora)
         self.model, self.opt, self.sched = self.strategy.prepare(
             model,
@@ -224,48 +224,20 @@ class Trainer:
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
     def resample(self, groups: list[Group], step: int) -> tuple[list[Group], dict[str, float]]:
-        """Dynamic sampling (DAPO): replace the groups the algorithm's `keep_group` rejects with new ones.
+        """The algorithm's dynamic sampling (DAPO; `Algorithm.resample`), with this step's rollout, the task
+        stream (the tasks it draws join `last_batch_ids`) and the sum over processes."""
 
-        Rounds run in lockstep on every process: each round draws `world` times the
-        largest shortage of any process from the task stream (so every process's
-        stream stays alike), and each process rolls out the tasks of its share it
-        still needs, with seeds of their own round. The first kept groups are used;
-        after `algorithm.max_resample_rounds` rounds the slots left take dropped
-        groups (their advantage is zero), so every process ends with as many
-        groups as it started with. Without `keep_group`, `groups` as they are.
-        """
-        keep = getattr(self.algorithm, "keep_group", None)
-        if keep is None:
-            return groups, {}
-        rank, world = self.acc.process_index, self.acc.num_processes
-        need = len(groups)
-        cap = int(getattr(self.cfg.algorithm_config, "max_resample_rounds", 0))
-        kept: list[Group] = []
-        dropped: list[Group] = []
-        rounds = 0
-        while True:
-            for g in groups:
-                (kept if keep(g) else dropped).append(g)
-            short = torch.zeros(world, dtype=torch.float64)
-            short[rank] = need - len(kept)
-            short = self.reduce_sum(short)  # (world,) every process's shortage
-            most = int(short.max())
-            if most == 0 or rounds >= cap:
-                break
-            rounds += 1
-            tasks = self.stream.next_batch(most * world)
+        def rollout(tasks: list[Any], indices: list[int], round_: int) -> list[Group]:
+            return self.run(self.rollout(tasks, step, indices, round_=round_))
+
+        def draw(n: int) -> list[Any]:
+            tasks = self.stream.next_batch(n)
             self.last_batch_ids += [t.id for t in tasks]
-            mine = tasks[rank::world][: int(short[rank])]
-            indices = list(range(rank, len(tasks), world))[: len(mine)]
-            groups = self.run(self.rollout(mine, step, indices, round_=rounds)) if mine else []
-        filled = need - len(kept)
-        counts = self.reduce_sum(torch.tensor([float(len(dropped)), float(filled)], dtype=torch.float64))
-        metrics = {
-            "rollout/resample_rounds": float(rounds),
-            "rollout/dropped_groups": float(counts[0]),  # groups with equal rewards, all rounds, all processes
-            "rollout/filled_groups": float(counts[1]),  # slots given dropped groups when the cap was reached
-        }
-        return kept + dropped[:filled], metrics
+            return tasks
+
+        return self.algorithm.resample(
+            groups, rollout, draw, self.reduce_sum, self.acc.process_index, self.acc.num_processes
+        )
 
     @torch.no_grad()
     def recompute(self, batch: TrainBatch, model: torch.nn.Module) -> torch.Tensor:
@@ -318,8 +290,7 @@ class Trainer:
             batch.ref_logprobs = self.recompute(batch, self.ref_model)
         self.model.train()
         t_old = time.perf_counter() - t1
-        finalize = getattr(self.algorithm, "finalize", None)  # batch-level advantages (see Algorithm)
-        batch_metrics = finalize(batch, trajs, self.reduce_sum) if finalize is not None else {}
+        batch_metrics = self.algorithm.finalize(batch, trajs, self.reduce_sum)  # batch-level advantages
 
         # updates: this rank's tasks split into mini-batches of whole groups
         tasks_per_mb = tc.mini_batch_tasks // world

@@ -20,7 +20,8 @@ from agentenv.algorithms.arpo import (
 )
 from agentenv.algorithms.arpo.sampler import _cut_at_spanning_stop
 from agentenv.algorithms.base import Algorithm, Sampler, TrainBatch, generated_tokens, group_generated_tokens
-from agentenv.algorithms.grpo import GRPO, GRPOConfig, policy_loss
+from agentenv.algorithms.core import policy_loss
+from agentenv.algorithms.grpo import GRPO, GRPOConfig
 from agentenv.loader import build_dataclass
 from agentenv.envs.testing import build_test_tokenizer, make_task
 from agentenv.errors import ConfigError

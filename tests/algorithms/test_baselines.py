@@ -13,13 +13,19 @@ from agentenv.algorithms import available, get_algorithm
 from agentenv.algorithms.arpo import ARPOConfig, arpo_advantages
 from agentenv.algorithms.base import LossNorm, TrainBatch
 from agentenv.algorithms.dapo import DAPO, DAPOConfig, overlong_penalty
-from agentenv.algorithms.dr_grpo import DrGRPOConfig, constant_normalized_sum, mean_centred_advantages
-from agentenv.algorithms.estimators import get_estimator, group_scalars
+from agentenv.algorithms.core import (
+    constant_normalized_sum,
+    get_estimator,
+    global_whiten,
+    group_scalars,
+    kl_returns,
+    leave_one_out_advantages,
+    mean_centred_advantages,
+    reinforce_pp_step,
+)
 from agentenv.algorithms.grpo import GRPO, GRPOConfig
 from agentenv.algorithms.gspo import GSPO, GSPOConfig, gspo_loss
-from agentenv.algorithms.reinforce_pp import ReinforcePP, ReinforcePPConfig, global_whiten, kl_returns
-from agentenv.algorithms.reinforce_pp.loss import reinforce_pp_step
-from agentenv.algorithms.rloo import RLOOConfig, leave_one_out_advantages
+from agentenv.algorithms.presets import DrGRPOConfig, ReinforcePP, ReinforcePPConfig, RLOOConfig
 from agentenv.configs import config_from_dict
 from agentenv.errors import ConfigError
 from agentenv.tasks.task import Task
@@ -56,7 +62,7 @@ def test_every_baseline_is_registered_with_a_validated_config():
         cls = get_algorithm(name)
         assert cls(cls.config_cls()).group_size() == 8
     assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"} <= set(
-        __import__("agentenv.algorithms.estimators", fromlist=["available"]).available()
+        __import__("agentenv.algorithms.core", fromlist=["available"]).available()
     )
 
 

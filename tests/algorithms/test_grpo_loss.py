@@ -7,15 +7,8 @@ import torch
 
 from agentenv.algorithms import available, get_algorithm
 from agentenv.algorithms.base import TrainBatch
-from agentenv.algorithms.grpo import (
-    GRPO,
-    GRPOConfig,
-    aggregate,
-    clipped_pg_loss,
-    group_advantages,
-    kl_k3,
-    trajectory_advantages,
-)
+from agentenv.algorithms.core import aggregate, clipped_pg_loss, group_advantages, kl_k3
+from agentenv.algorithms.grpo import GRPO, GRPOConfig, trajectory_advantages
 from agentenv.errors import ConfigError
 from agentenv.tasks import Task
 from agentenv.types import Group, Segment, Trajectory

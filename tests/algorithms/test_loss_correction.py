@@ -7,7 +7,8 @@ import torch
 
 from agentenv.algorithms import register
 from agentenv.algorithms.base import LossNorm, TrainBatch
-from agentenv.algorithms.grpo import GRPO, GRPOConfig, aggregate, kl_k3, rollout_weights
+from agentenv.algorithms.core import aggregate, kl_k3, rollout_weights
+from agentenv.algorithms.grpo import GRPO, GRPOConfig
 from agentenv.configs import config_from_dict
 from agentenv.errors import ConfigError
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from agentenv.algorithms.base import TrainBatch
-from agentenv.algorithms.reinforce_pp import ReinforcePP, ReinforcePPConfig
+from agentenv.algorithms.presets import ReinforcePP, ReinforcePPConfig
 
 KL_COEF = 0.1
 

@@ -10,9 +10,8 @@ import torch
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
-from agentenv.algorithms.base import LossNorm, Reduce, TrainBatch, group_generated_tokens
-from agentenv.algorithms.estimators import Estimator, get_estimator, group_scalars
-from agentenv.algorithms.grpo.algorithm import broadcast, policy_loss
+from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
+from agentenv.algorithms.core import Estimator, broadcast, get_estimator, group_scalars, policy_loss
 from agentenv.rollout.engine import RolloutConfig
 from agentenv.types import Group, Trajectory
 
@@ -58,14 +57,14 @@ def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory], red
     return {"arpo/once_dropped": 1.0 - float(counts[1]) / float(counts[0]) if float(counts[0]) else 0.0}
 
 
-class ARPO:
+class ARPO(Algorithm):
     """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849)."""
 
     config_cls: ClassVar[type] = ARPOConfig
     grows_trees: ClassVar[bool] = True  # branches share their parent's prefix: the update packs them
 
     def __init__(self, cfg: ARPOConfig | None = None):
-        self.cfg = cfg or ARPOConfig()
+        super().__init__(cfg or ARPOConfig())
 
     def group_size(self) -> int:
         """M: every trajectory of a task's tree, branches included."""

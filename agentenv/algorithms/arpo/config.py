@@ -92,7 +92,7 @@ class ARPOConfig(GRPOConfig):
             per-token entropy, so ΔH_t lies in [-1, 1] for any model; `none`
             keeps nats (stronger dependence on entropy for the stochastic rule).
         estimator: The trajectory-level advantage over the tree's M
-            trajectories, by name (`agentenv.algorithms.estimators`): `grpo` (the
+            trajectories, by name (`agentenv.algorithms.core`): `grpo` (the
             paper's; `normalize_std: false` gives `dr_grpo`'s), `dr_grpo`,
             `rloo`, `reinforce_pp` or `reinforce_pp_baseline` (their KL in the
             return, with `kl_coef`, and global whitening run at the batch
@@ -142,7 +142,7 @@ class ARPOConfig(GRPOConfig):
                 raise ConfigError(f"algorithm.{key}", f"must be a probability in [0, 1], got {v}")
         if not (math.isfinite(self.beta) and self.beta >= 0.0):
             raise ConfigError("algorithm.beta", f"must be a finite number >= 0, got {self.beta}")
-        from agentenv.algorithms.estimators import get_estimator
+        from agentenv.algorithms.core import get_estimator
 
         est = get_estimator(self.estimator)  # an unknown name: ConfigError naming algorithm.estimator
         if self.advantage == "hard_once" and est.kl_in_return and self.kl_coef > 0:

@@ -7,11 +7,12 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from agentenv.algorithms.base import Reduce, TrainBatch
+from agentenv.algorithms.base import Draw, Reduce, RolloutRound, TrainBatch
 from agentenv.algorithms.dapo.config import DAPOConfig
 from agentenv.algorithms.dapo.loss import OVERLONG_REASONS, informative, overlong_mask, overlong_penalty
-from agentenv.algorithms.estimators import valid_advantages
-from agentenv.algorithms.grpo.algorithm import GRPO, broadcast
+from agentenv.algorithms.dynamic_sampling import DynamicSampling
+from agentenv.algorithms.core import broadcast, valid_advantages
+from agentenv.algorithms.grpo.algorithm import GRPO
 from agentenv.types import Group, Trajectory
 
 
@@ -23,8 +24,8 @@ def policy_tokens(traj: Trajectory) -> int:
 class DAPO(GRPO):
     """DAPO (Yu et al., 2025): clip-higher, token-level loss, dynamic sampling, overlong filtering and penalty.
 
-    Dynamic sampling is the trainer's: it asks `keep_group` of every group and
-    samples more tasks (at most `algorithm.max_resample_rounds` extra rounds).
+    Dynamic sampling is `resample`'s: it asks `keep_group` of every group and
+    samples more tasks (at most `algorithm.max_resample_rounds` extra rounds; `DynamicSampling`).
     """
 
     config_cls: ClassVar[type] = DAPOConfig
@@ -52,6 +53,17 @@ class DAPO(GRPO):
             return True
         rewards = [r for r, t in zip(self.shaped_rewards(group), group.trajectories) if not t.failed]
         return informative(torch.tensor(rewards, dtype=torch.float64))
+
+    def max_resample_rounds(self) -> int:
+        return int(self.cfg.max_resample_rounds)
+
+    def resample(
+        self, groups: list[Group], rollout: RolloutRound, draw: Draw, reduce: Reduce, rank: int, world: int
+    ) -> tuple[list[Group], dict[str, float]]:
+        """Dynamic sampling: the groups `keep_group` rejects replaced by new tasks' groups (`DynamicSampling`)."""
+        return DynamicSampling(self.keep_group, self.max_resample_rounds()).refill(
+            groups, rollout, draw, reduce, rank, world
+        )
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
         """Overlong filtering: trajectories cut by a token budget leave the loss (and its normalizer)."""

@@ -37,7 +37,7 @@ class GRPOConfig:
             mismatch (`train/mismatch_kl`, `train/is_ratio_max`) is logged either way.
         rollout_correction_level: `token` (rho per token) or `sequence` (the
             product of a trajectory's token ratios, on each of its tokens).
-        rollout_correction_cap: C, the cap on rho (> 1; TRL's and verl's default 2).
+        rollout_correction_cap: C, the cap on rho (> 1; verl's default 2; TRL's default is now 3.0).
     """
 
     group_size: int = 8
