@@ -290,7 +290,7 @@ def _check_agent(cfg: RunConfig) -> None:
     from agentenv.rollout.endpoint.agent import TREE_REFUSAL, load_agent
 
     load_agent(cfg.rollout.agent)  # type: ignore[arg-type]
-    if getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+    if get_algorithm(cfg.algorithm.name).grows_trees:
         raise ConfigError("rollout.agent", f"cannot train with algorithm {cfg.algorithm.name!r}: {TREE_REFUSAL}")
 
 
@@ -298,7 +298,7 @@ def _check_forks(cfg: RunConfig) -> None:
     """A tree sampler forks episodes mid-way: refuse tools whose config says they cannot follow (`unforkable()`)."""
     from agentenv.algorithms import get_algorithm
 
-    if not getattr(get_algorithm(cfg.algorithm.name), "grows_trees", False):
+    if not get_algorithm(cfg.algorithm.name).grows_trees:
         return
     for name, (_, tool_cfg) in cfg.env.tool_parts().items():
         for key, why in (getattr(tool_cfg, "unforkable", lambda: {})() or {}).items():

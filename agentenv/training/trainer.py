@@ -218,7 +218,7 @@ class Trainer:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j], *((round_,) if round_ else ()))
             try:
                 return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
-            except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (DESIGN: rollout)
+            except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (docs/reliability.md)
                 return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
 
         return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))

@@ -156,7 +156,7 @@ class _Tree:
     def _start_root(self, role: str, label: str, seed: int) -> None:
         try:
             env = self.make_env()
-        except Exception as e:  # noqa: BLE001 - recorded, never raised (DESIGN: rollout)
+        except Exception as e:  # noqa: BLE001 - recorded, never raised (docs/reliability.md)
             self.results.append((self.started, _failed_root(self.task, role, label, seed, e)))
             self.started += 1
             return
