@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -36,7 +35,7 @@ def _load(config: Path, overrides: list[str]):
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     config: Path = typer.Argument(..., help="YAML run config, e.g. configs/toy_arpo.yaml"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+    overrides: list[str] | None = typer.Argument(None, help="dotted.key=value overrides"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in trainer.output_dir."),
 ) -> None:
     """Train with the algorithm the config names."""
@@ -58,13 +57,13 @@ def train(
 @app.command("eval")
 def eval_(
     config: Path = typer.Argument(..., help="YAML run config (its env and tasks are used)."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
-    checkpoint: Optional[Path] = typer.Option(
+    overrides: list[str] | None = typer.Argument(None, help="dotted.key=value overrides"),
+    checkpoint: Path | None = typer.Option(
         None, "--checkpoint", help="A checkpoint dir (step_*/ or its model/), or a model dir. Default: the config's model."
     ),
-    samples: Optional[int] = typer.Option(None, help="Samples per task (k of pass@k); default trainer.eval_samples."),
-    tasks: Optional[int] = typer.Option(None, help="Held-out tasks to use; default trainer.eval_tasks."),
-    out: Optional[Path] = typer.Option(None, help="Write the report as JSON here."),
+    samples: int | None = typer.Option(None, help="Samples per task (k of pass@k); default trainer.eval_samples."),
+    tasks: int | None = typer.Option(None, help="Held-out tasks to use; default trainer.eval_tasks."),
+    out: Path | None = typer.Option(None, help="Write the report as JSON here."),
 ) -> None:
     """Evaluate a checkpoint on held-out tasks: accuracy, pass@k, tool calls and tokens per task."""
     cfg = _load(config, overrides or [])
@@ -130,7 +129,9 @@ def eval_(
 
 @app.command()
 def export(
-    source: Path = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="A run folder (its newest intact checkpoint) or a checkpoint folder."),
+    source: Path = typer.Argument(
+        ..., metavar="RUN_OR_CHECKPOINT", help="A run folder (its newest intact checkpoint) or a checkpoint folder."
+    ),
     out: Path = typer.Option(..., "--out", help="The transformers folder to write (must not exist)."),
 ) -> None:
     """Write a checkpoint (plain, sharded or LoRA) as a transformers folder that `from_pretrained` loads."""
@@ -145,7 +146,7 @@ def export(
 @app.command()
 def bench(
     config: Path = typer.Argument(..., help="Benchmark config, e.g. configs/bench/toy_grpo_vs_arpo.yaml"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="dotted.key=value overrides"),
+    overrides: list[str] | None = typer.Argument(None, help="dotted.key=value overrides"),
     plan: bool = typer.Option(False, "--plan", help="Print the plan and the estimated wall time; run nothing."),
 ) -> None:
     """Train several algorithms side by side on the same seeds and tasks; write tables and plots."""
@@ -159,7 +160,7 @@ def bench(
 
 @tiny_app.command("build")
 def tiny_build(
-    overrides: Optional[list[str]] = typer.Argument(None, help="TinyBuildConfig fields, e.g. sft_steps=200."),
+    overrides: list[str] | None = typer.Argument(None, help="TinyBuildConfig fields, e.g. sft_steps=200."),
     force: bool = typer.Option(False, help="Build here (minutes) even if a cached build or the shipped weights exist."),
 ) -> None:
     """Find (in the cache or the package) or build the embedded tiny model; print its build info and folder."""
@@ -179,7 +180,7 @@ def tiny_build(
 
 
 @sandbox_app.command("build")
-def sandbox_build(image: Optional[str] = typer.Option(None, help="Image name (default: the sandbox config's).")) -> None:
+def sandbox_build(image: str | None = typer.Option(None, help="Image name (default: the sandbox config's).")) -> None:
     """Make the sandbox image: use it if present, else pull, else build offline with debootstrap."""
     from agentenv.tools.python_sandbox import PythonSandboxConfig, build_image
 

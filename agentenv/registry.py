@@ -177,7 +177,7 @@ class Part:
     factory: Any
     config_cls: Any = None
 
-    def resolved(self, key: str) -> "Part":
+    def resolved(self, key: str) -> Part:
         """The same part with its config class imported (the factory stays lazy: it may load torch or vLLM)."""
         cls = self.config_cls
         if isinstance(cls, str):

@@ -108,7 +108,7 @@ class PolicyText(str):
 
     turns: tuple[str, ...]
 
-    def __new__(cls, turns: Any) -> "PolicyText":
+    def __new__(cls, turns: Any) -> PolicyText:
         turns = tuple(turns)
         obj = super().__new__(cls, "\n".join(turns))
         obj.turns = turns
@@ -304,7 +304,7 @@ class Trajectory:
 class Group:
     """The trajectories sampled for one task; advantages are computed per group."""
 
-    task: "Task"
+    task: Task
     trajectories: list[Trajectory] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 

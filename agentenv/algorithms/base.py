@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -35,15 +36,15 @@ class TrainBatch:
     sampler_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
 
-    def to(self, device: torch.device | str) -> "TrainBatch":
+    def to(self, device: torch.device | str) -> TrainBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TrainBatch(**moved)
 
-    def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TrainBatch(**picked)
 
-    def trimmed(self) -> "TrainBatch":
+    def trimmed(self) -> TrainBatch:
         """The same rows without the trailing columns that are padding in every row.
 
         A batch is padded to its longest trajectory; a micro-batch of shorter ones
@@ -88,7 +89,7 @@ class LossNorm:
     world: int = 1
 
     @classmethod
-    def of(cls, loss_mask: torch.Tensor) -> "LossNorm":
+    def of(cls, loss_mask: torch.Tensor) -> LossNorm:
         """The counts of one (B, T) mask on one process."""
         per_row = loss_mask.detach().sum(dim=1)  # (B,)
         return cls(tokens=float(per_row.sum()), sequences=float((per_row > 0).sum()))

@@ -39,8 +39,9 @@ Shapes: G trajectories of a group; B trajectories in a micro-batch, T predicted 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -176,7 +177,7 @@ class Estimator:
     """
 
     scalars: Callable[[torch.Tensor], torch.Tensor]
-    batch_step: Callable[["TrainBatch", "Reduce", Any], dict[str, float]] | None = None
+    batch_step: Callable[[TrainBatch, Reduce, Any], dict[str, float]] | None = None
     kl_in_return: bool = False
 
 

@@ -53,8 +53,8 @@ from typing import Any
 import yaml
 
 from agentenv.configs import RunConfig, config_from_dict
-from agentenv.loader import apply_overrides, build_dataclass, parse_override
 from agentenv.errors import ConfigError
+from agentenv.loader import apply_overrides, build_dataclass, parse_override
 
 # Sections of a run config; a command-line override starting with one of them
 # applies to every run, after the variant.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from agentenv.bench.results import pool_probes
 from agentenv.bench.stats import curve, eval_curve, mean_curve
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MIN_SEGMENTS = 3
 
 
-def _masked_mean(pe: "PositionEntropy") -> list[float]:
+def _masked_mean(pe: PositionEntropy) -> list[float]:
     return [m if c >= MIN_SEGMENTS else float("nan") for m, c in zip(pe.mean, pe.counts)]
 
 
@@ -36,7 +37,7 @@ def _colors(n: int) -> list:
     return [cmap(i % 10) for i in range(n)]
 
 
-def _by_variant(runs: Sequence["RunResult"]) -> dict[str, list["RunResult"]]:
+def _by_variant(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     out: dict[str, list[RunResult]] = {}
     for r in runs:
         out.setdefault(r.variant, []).append(r)
@@ -44,7 +45,7 @@ def _by_variant(runs: Sequence["RunResult"]) -> dict[str, list["RunResult"]]:
 
 
 def plot_metric_curves(
-    runs: Sequence["RunResult"],
+    runs: Sequence[RunResult],
     key: str,
     ylabel: str,
     title: str,
@@ -83,7 +84,7 @@ def plot_metric_curves(
 
 
 def plot_entropy_after_tool(
-    runs: Sequence["RunResult"], base: "Probe | None", positions: int, path: Path
+    runs: Sequence[RunResult], base: Probe | None, positions: int, path: Path
 ) -> Path:
     """The ARPO pilot figure from our rollouts: entropy by token position after a tool result.
 
@@ -124,7 +125,7 @@ def plot_entropy_after_tool(
     return path
 
 
-def write_plots(runs: Sequence["RunResult"], base: "Probe | None", out: Path, positions: int) -> dict[str, Path]:
+def write_plots(runs: Sequence[RunResult], base: Probe | None, out: Path, positions: int) -> dict[str, Path]:
     """heldout_accuracy.png, reward_curves.png, tool_calls.png and entropy_after_tool.png in `out`."""
     out = Path(out)
     return {

@@ -10,10 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
+from agentenv.bench.results import Probe, RunResult, pool_probes
 from agentenv.bench.stats import (
     Interval,
     PositionEntropy,
@@ -26,8 +28,6 @@ from agentenv.bench.stats import (
     spread,
     t_interval,
 )
-
-from agentenv.bench.results import Probe, RunResult, pool_probes
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.bench.config import BenchConfig
@@ -100,11 +100,11 @@ def early_mean(pe: PositionEntropy | None, k: int = EARLY_POSITIONS) -> float:
     return sum(pe.sums[:k]) / n if n else float("nan")
 
 
-def _accuracy_by_seed(runs: Sequence["RunResult"]) -> dict[int, float]:
+def _accuracy_by_seed(runs: Sequence[RunResult]) -> dict[int, float]:
     return {r.seed: float(r.eval.get("accuracy", math.nan)) for r in runs}
 
 
-def variant_rows(runs: Sequence["RunResult"], last: int, confidence: float = 0.95) -> list[VariantRow]:
+def variant_rows(runs: Sequence[RunResult], last: int, confidence: float = 0.95) -> list[VariantRow]:
     """Aggregate runs into one row per variant (in the order variants first appear)."""
     order: list[str] = []
     by: dict[str, list[RunResult]] = {}
@@ -274,7 +274,7 @@ def timing_table(rows: Sequence[VariantRow], last: int) -> str:
     return "\n".join(lines)
 
 
-def pairing_check(runs: Sequence["RunResult"]) -> list[str]:
+def pairing_check(runs: Sequence[RunResult]) -> list[str]:
     """Check that the runs of one seed were paired; returns the problems found (empty: paired).
 
     For each seed, every variant must have trained on the same task batches
@@ -307,21 +307,21 @@ def pairing_check(runs: Sequence["RunResult"]) -> list[str]:
     return problems
 
 
-def _batches(run: "RunResult") -> dict[int, list[str]]:
+def _batches(run: RunResult) -> dict[int, list[str]]:
     path = Path(run.output_dir) / "batches.jsonl"
     if not path.exists():
         return {}
     return {int(d["step"]): list(d["tasks"]) for d in map(json.loads, path.read_text().splitlines()) if d}
 
 
-def _eval_seed(run: "RunResult") -> Any:
+def _eval_seed(run: RunResult) -> Any:
     path = Path(run.output_dir) / "config.json"
     t = json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}
     return t.get("seed") if t.get("eval_seed") is None else t.get("eval_seed")
 
 
 def markdown_report(
-    bench: "BenchConfig", runs: Sequence["RunResult"], rows: Sequence[VariantRow], last: int, plots: dict[str, Path]
+    bench: BenchConfig, runs: Sequence[RunResult], rows: Sequence[VariantRow], last: int, plots: dict[str, Path]
 ) -> str:
     """Title, the shared budget, the pairing check, how to read the columns, the tables, the plots."""
     tc = _trainer_summary(runs)
@@ -370,7 +370,7 @@ def markdown_report(
     return "\n".join(lines) + "\n"
 
 
-def _trainer_summary(runs: Sequence["RunResult"]) -> str:
+def _trainer_summary(runs: Sequence[RunResult]) -> str:
     """The shared budget, read from the first run's config.json (the same for all, see BUDGET_KEYS)."""
     path = runs[0].output_dir / "config.json"
     meta = json.loads(path.read_text()) if path.exists() else {}
@@ -386,7 +386,7 @@ def _trainer_summary(runs: Sequence["RunResult"]) -> str:
 
 
 def write_report(
-    bench: "BenchConfig", runs: Sequence["RunResult"], base: "Probe | None"
+    bench: BenchConfig, runs: Sequence[RunResult], base: Probe | None
 ) -> tuple[str, dict[str, Path]]:
     """Write results.csv, results.md and the plots into `bench.output_dir`."""
     from agentenv.bench.plots import write_plots

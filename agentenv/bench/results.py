@@ -7,9 +7,10 @@ for these types.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentenv.bench.config import BenchConfig
 from agentenv.bench.stats import PositionEntropy
@@ -40,7 +41,7 @@ class Probe:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Probe":
+    def from_dict(cls, d: dict[str, Any]) -> Probe:
         return cls(
             PositionEntropy.from_dict(d["after_tool"]),
             PositionEntropy.from_dict(d["after_prompt"]),
@@ -94,7 +95,7 @@ class BenchResult:
     files: dict[str, Path]
 
 
-def pool_probes(probes: Sequence["Probe | None"], attr: str) -> PositionEntropy | None:
+def pool_probes(probes: Sequence[Probe | None], attr: str) -> PositionEntropy | None:
     """Sum the per-position sums and counts of every run's probe."""
     parts = [getattr(p, attr) for p in probes if p is not None]
     if not parts:

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_config, resolve_runs
-from agentenv.tasks.task import balanced_subset
 from agentenv.bench.results import BenchResult, Probe, RunResult
 from agentenv.bench.stats import entropy_by_position
 from agentenv.configs import RunConfig
+from agentenv.tasks.task import balanced_subset
 
 RUN_FILE = "bench_run.json"
 PROBE_FILE = "probe.json"

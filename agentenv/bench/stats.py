@@ -9,8 +9,9 @@ the statistics need no scipy.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -196,7 +197,7 @@ class PositionEntropy:
     counts: list[int] = field(default_factory=list)
 
     @classmethod
-    def zeros(cls, positions: int) -> "PositionEntropy":
+    def zeros(cls, positions: int) -> PositionEntropy:
         return cls([0.0] * positions, [0] * positions)
 
     @property
@@ -209,7 +210,7 @@ class PositionEntropy:
         """How many segments were measured (all reach position 0)."""
         return self.counts[0] if self.counts else 0
 
-    def __add__(self, other: "PositionEntropy") -> "PositionEntropy":
+    def __add__(self, other: PositionEntropy) -> PositionEntropy:
         if len(self.sums) != len(other.sums):
             raise ValueError(f"cannot pool {len(self.sums)} positions with {len(other.sums)}")
         return PositionEntropy(
@@ -220,7 +221,7 @@ class PositionEntropy:
         return {"sums": list(self.sums), "counts": list(self.counts)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, list]) -> "PositionEntropy":
+    def from_dict(cls, d: Mapping[str, list]) -> PositionEntropy:
         return cls([float(x) for x in d["sums"]], [int(x) for x in d["counts"]])
 
 

@@ -445,7 +445,7 @@ class AgentEnv(gymnasium.Env):
             },
         )
 
-    def fork(self) -> "AgentEnv":
+    def fork(self) -> AgentEnv:
         """An independent copy of the episode: context, segments, counters, and forked tools.
 
         The copy's trajectory records this one as its parent and the current

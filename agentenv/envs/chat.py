@@ -71,7 +71,7 @@ class ChatTemplate:
     tools: list[dict[str, Any]] | None = None
 
     @classmethod
-    def from_config(cls, tokenizer: Any, spec: str | None, kwargs: Mapping[str, Any]) -> "ChatTemplate":
+    def from_config(cls, tokenizer: Any, spec: str | None, kwargs: Mapping[str, Any]) -> ChatTemplate:
         template, name = load_chat_template(spec)
         if name is None:
             name = f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"

@@ -101,7 +101,7 @@ class TagFormat:
         """How a result's text becomes tokens (override to show results differently)."""
         return ResultFormatter(tokenizer, template, marker)
 
-    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> "TagTurns":
+    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> TagTurns:
         return TagTurns(self, tokenizer, config, tools)
 
 

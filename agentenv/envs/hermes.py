@@ -141,7 +141,7 @@ def parse_hermes(text: str, tools: Mapping[str, Any]) -> ParsedTurn:
 class HermesFormat:
     """The `hermes` tool-call format (see the module docstring)."""
 
-    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> "HermesTurns":
+    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> HermesTurns:
         return HermesTurns(tokenizer, config, tools)
 
 

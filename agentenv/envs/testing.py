@@ -74,7 +74,7 @@ class EchoTool:
             return ToolResult(text="", ok=False, error="empty query", kind="refused")
         return ToolResult(text=" ".join([f"echo: {query}"] * self.repeat))
 
-    def fork(self) -> "EchoTool":
+    def fork(self) -> EchoTool:
         return self
 
     async def aclose(self) -> None:
@@ -92,7 +92,7 @@ class SleepTool:
         await asyncio.sleep(self.delay_s)
         return ToolResult(text=f"slept {query}", latency_s=self.delay_s)
 
-    def fork(self) -> "SleepTool":
+    def fork(self) -> SleepTool:
         return self
 
     async def aclose(self) -> None:
@@ -108,7 +108,7 @@ class FailingTool:
     async def __call__(self, query: str) -> ToolResult:
         raise ToolError(f"{self.name} backend unreachable (test tool: always fails)")
 
-    def fork(self) -> "FailingTool":
+    def fork(self) -> FailingTool:
         return self
 
     async def aclose(self) -> None:
@@ -136,7 +136,7 @@ class CounterTool:
         self.count += 1
         return ToolResult(text=f"count={self.count}")
 
-    def fork(self) -> "CounterTool":
+    def fork(self) -> CounterTool:
         new = CounterTool(self.name, self.count, self.forks)
         self.forks.append(new)
         return new

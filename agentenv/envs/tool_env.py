@@ -147,7 +147,7 @@ class ToolEnv(gymnasium.Env):
         info = {"ok": result.ok, "error": result.error, "calls": self._calls, "result_truncated": cut, "tool_result": True}
         return as_token_array(obs), 0.0, False, truncated, info
 
-    def fork(self) -> "ToolEnv":
+    def fork(self) -> ToolEnv:
         """An independent copy: counters copied, the episode's tool forked."""
         new = copy.copy(self)
         new._sync = SyncRunner(type(self).__name__, "astep")

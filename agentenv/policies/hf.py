@@ -22,11 +22,11 @@ import asyncio
 import random
 import threading
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from agentenv._loops import refuse_inside_loop
 from agentenv.policies.config import HFPolicyConfig
@@ -127,7 +127,7 @@ class _Batch:
     """The rows decoding together. The cache holds every token of a row except
     its `pending` one (sampled, not yet fed to the model)."""
 
-    rows: list["_Request"]
+    rows: list[_Request]
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (B, H_kv, L, D)
     mask: torch.Tensor  # (B, L) long, 1 on real tokens
     pending: torch.Tensor  # (B,) long
@@ -183,7 +183,7 @@ class HFPolicy:
         self._runner: asyncio.Task | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str, **kwargs: Any) -> "HFPolicy":
+    def from_pretrained(cls, path: str, **kwargs: Any) -> HFPolicy:
         """`HFPolicy(HFPolicyConfig(model=path, **kwargs))`."""
         return cls(HFPolicyConfig(model=str(path), **kwargs))
 

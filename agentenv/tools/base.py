@@ -35,7 +35,7 @@ class Tool(Protocol):
 
     async def __call__(self, query: str) -> ToolResult: ...
 
-    def fork(self) -> "Tool":
+    def fork(self) -> Tool:
         """An independent copy of the tool's state. A stateless tool may return itself."""
         ...
 

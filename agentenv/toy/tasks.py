@@ -124,7 +124,7 @@ class ToyConfig:
                     "every company needs its own founder",
                 )
 
-    def with_kb_scale(self, k: int) -> "ToyConfig":
+    def with_kb_scale(self, k: int) -> ToyConfig:
         """This config with a knowledge base `k` times larger (every `kb_*` count times `k`)."""
         return replace(self, **{f.name: getattr(self, f.name) * k for f in fields(self) if f.name.startswith("kb_")})
 

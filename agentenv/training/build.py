@@ -7,9 +7,10 @@ heavy is imported here, inside functions, when a config asks for it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentenv.configs import RunConfig
 from agentenv.envs.config import AgentEnvConfig
@@ -17,7 +18,6 @@ from agentenv.errors import ConfigError, ToolError
 from agentenv.policies.backends import build_policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.tasks.sources import TaskSet
-
 
 _CLOSE_TIMEOUT_S = 120.0
 """Bound on closing one prototype tool (a sandbox pool removes its containers)."""

@@ -193,7 +193,7 @@ def _check_manifest(ckpt: Path, manifest_path: Path) -> str | None:
         actual = (ckpt / rel).stat().st_size
         if actual != size:
             return f"{rel} has {actual} bytes, the manifest says {size} (truncated or overwritten)"
-    for rel, size, digest in _hash_all(ckpt, sorted(expected)):
+    for rel, _size, digest in _hash_all(ckpt, sorted(expected)):
         if digest != expected[rel][1]:
             return f"{rel} does not match its SHA-256 in the manifest (corrupt)"
     return None

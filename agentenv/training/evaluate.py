@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from agentenv.tasks.task import Task
-from agentenv.training.passk import pass_at_k
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.toolstats import ToolStats
+from agentenv.tasks.task import Task
+from agentenv.training.passk import pass_at_k
 from agentenv.types import Group, SamplingParams
 
 

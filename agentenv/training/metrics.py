@@ -6,8 +6,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from agentenv.configs import LoggingConfig
 

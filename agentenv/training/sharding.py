@@ -25,8 +25,9 @@ scheduler. `agentenv export` turns any of them into a transformers folder.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -73,7 +74,8 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     Raises:
         ConfigError: (`model.lora.target_modules`) no layer of the model has such a name.
     """
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
     peft_cfg = PeftLoraConfig(
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),

@@ -42,8 +42,8 @@ from agentenv.training.data import TaskStream
 from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
-from agentenv.training.schedule import lr_factor
 from agentenv.training.packing import packing_enabled
+from agentenv.training.schedule import lr_factor
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
 

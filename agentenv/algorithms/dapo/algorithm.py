@@ -3,15 +3,16 @@ overlong handling."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
 from agentenv.algorithms.base import Draw, Reduce, RolloutRound, TrainBatch
+from agentenv.algorithms.core import broadcast, valid_advantages
 from agentenv.algorithms.dapo.config import DAPOConfig
 from agentenv.algorithms.dapo.loss import OVERLONG_REASONS, informative, overlong_mask, overlong_penalty
 from agentenv.algorithms.dynamic_sampling import DynamicSampling
-from agentenv.algorithms.core import broadcast, valid_advantages
 from agentenv.algorithms.grpo.algorithm import GRPO
 from agentenv.types import Group, Trajectory
 

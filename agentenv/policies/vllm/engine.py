@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from agentenv.errors import InfraError
 from agentenv.policies.vllm.config import _EXTENSION, VLLMPolicyConfig

@@ -7,9 +7,9 @@ import atexit
 import contextlib
 import uuid
 import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
-
+from typing import Any
 
 from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
@@ -315,7 +315,7 @@ class VLLMPolicy:
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
 
-    def __enter__(self) -> "VLLMPolicy":
+    def __enter__(self) -> VLLMPolicy:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -336,7 +336,7 @@ def _filterable_last_chars(stops: tuple[str, ...]) -> frozenset[str] | None:
     return chars
 
 
-def _close_at_exit(ref: "weakref.ref[VLLMPolicy]") -> None:
+def _close_at_exit(ref: weakref.ref[VLLMPolicy]) -> None:
     policy = ref()
     if policy is not None:
         policy.close()

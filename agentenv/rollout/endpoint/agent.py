@@ -26,8 +26,8 @@ from typing import Any
 from agentenv.envs.chat import ChatTemplate
 from agentenv.errors import ConfigError
 from agentenv.registry import load_import_path
-from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.config import RolloutConfig
+from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.engine import cancel_requested, derive_seed
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
@@ -42,7 +42,7 @@ TREE_REFUSAL = (
 def load_agent(path: str, key: str = "rollout.agent") -> Any:
     """The agent function `path` names; ConfigError unless it is an async function of (client, task)."""
     fn = load_import_path(path, key, "agent")
-    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):  # noqa: B004 - asks whether __call__ is async, not whether fn is callable
         raise ConfigError(key, f"{path!r} must be an async function (client, task) -> str | float, got {fn!r}")
     return fn
 
@@ -162,7 +162,7 @@ class AgentRunner:
             "seed": seed, "failed": sum(t.failed for t in trajs), "wall_s": time.monotonic() - t0, "episodes": n,
         })  # fmt: skip
 
-    def sampler(self, n: int) -> "AgentSampler":
+    def sampler(self, n: int) -> AgentSampler:
         """A `Sampler` (the algorithm's group size `n`) that runs the agent."""
         return AgentSampler(self, n)
 

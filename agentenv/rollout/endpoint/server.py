@@ -71,7 +71,7 @@ class Endpoint:
         self.port: int | None = None
 
     # ---- lifecycle ------------------------------------------------------
-    async def start(self) -> "Endpoint":
+    async def start(self) -> Endpoint:
         """Bind and serve (on the running loop); `port` is then the bound port."""
         if self._runner is not None:
             return self

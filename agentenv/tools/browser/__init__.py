@@ -43,7 +43,7 @@ _LAZY = {
 }
 
 
-def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summarizer: Any = None, **options: Any) -> "BrowserTool":
+def make_browser_tool(config: BrowserConfig | dict[str, Any] | None = None, summarizer: Any = None, **options: Any) -> BrowserTool:
     """A `BrowserTool` from a config, a dict of its fields, or keyword fields (the `Browser-v0` factory).
 
     Args:

@@ -102,7 +102,7 @@ class FollowSearchTool:
             return f"the page could not be read ({type(e).__name__}: {e})", False, False
         return d.body, True, d.metadata["summarized"]
 
-    def fork(self) -> "FollowSearchTool":
+    def fork(self) -> FollowSearchTool:
         return FollowSearchTool(self.search.fork(), self.browser.fork(), self.top_k, self.passage_chars)
 
     async def aclose(self) -> None:

@@ -238,7 +238,7 @@ class BrowserTool:
         except Exception as e:  # sqlite3 errors: the disk, not the page
             raise ToolError(f"browser page cache failed ({type(e).__name__}: {e}); check browse.cache_path is writable") from e
 
-    def fork(self) -> "BrowserTool":
+    def fork(self) -> BrowserTool:
         handle = copy.copy(self)  # shares the fetcher (pool), cache and summarizer
         handle._owner = False
         return handle

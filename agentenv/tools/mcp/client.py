@@ -82,9 +82,8 @@ class ServerProcess:
         try:
             async with AsyncExitStack() as stack:
                 if self.config.url is not None:
-                    from mcp.client.streamable_http import streamable_http_client
-
                     import httpx
+                    from mcp.client.streamable_http import streamable_http_client
 
                     http = await stack.enter_async_context(httpx.AsyncClient(headers=dict(self.config.headers)))
                     streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=http))
@@ -291,7 +290,7 @@ class _Episodes:
         self.tool_names = set(tool_names)
         self._open: dict[Any, tuple[ServerProcess, set[str]]] = {}
 
-    def for_fork(self, tool: str) -> "SharedProcess":
+    def for_fork(self, tool: str) -> SharedProcess:
         try:
             key = id(asyncio.current_task())
         except RuntimeError:
@@ -310,14 +309,14 @@ class _Episodes:
 class SharedProcess:
     """A per-episode server process and how many of the episode's tools still use it."""
 
-    _by_process: dict[int, "SharedProcess"] = {}
+    _by_process: dict[int, SharedProcess] = {}
 
     def __init__(self, process: ServerProcess):
         self.process = process
         self.users = 0
 
     @classmethod
-    def of(cls, process: ServerProcess) -> "SharedProcess":
+    def of(cls, process: ServerProcess) -> SharedProcess:
         shared = cls._by_process.setdefault(id(process), cls(process))
         shared.users += 1
         return shared
@@ -335,7 +334,7 @@ class MCPTool:
     Prototypes are made by `make_mcp_tools`; an episode's copy comes from `fork()`.
     """
 
-    def __init__(self, name: str, description: str, schema: dict[str, Any], server: str, owner: "MCPToolSet",
+    def __init__(self, name: str, description: str, schema: dict[str, Any], server: str, owner: MCPToolSet,
                  process: ServerProcess | None, episodes: _Episodes | None = None):  # fmt: skip
         self.name = name
         self.description = description
@@ -366,7 +365,7 @@ class MCPTool:
             result.text = result.text[:text_cap]
         return result
 
-    def fork(self) -> "MCPTool":
+    def fork(self) -> MCPTool:
         """Stateless: the tool itself. Stateful: a prototype's fork gets an episode process; an episode's cannot fork."""
         if self._episodes is None:
             return self

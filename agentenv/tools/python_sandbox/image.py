@@ -15,8 +15,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import docker_client, image_exists

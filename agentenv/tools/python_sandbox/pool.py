@@ -126,7 +126,7 @@ class ExecResult:
         )
 
     @classmethod
-    def from_reply(cls, reply: Any, container: str) -> "ExecResult":
+    def from_reply(cls, reply: Any, container: str) -> ExecResult:
         """The result a runner reply describes. Any field of the wrong type (the reply
         comes from inside the container) makes it an error result, never an exception."""
         if not isinstance(reply, dict):
@@ -137,7 +137,7 @@ class ExecResult:
         values = {f.name: reply.get(key, f.default) for key, f in zip(_REPLY_KEYS, fields(cls)) if key}
         return cls(**values, container=container).checked()
 
-    def checked(self) -> "ExecResult":
+    def checked(self) -> ExecResult:
         """This result if every field has its type, else a copy that says which do not."""
         bad = [f.name for f in fields(self) if not _valid(getattr(self, f.name), f.type)]
         if not bad:
@@ -231,7 +231,7 @@ def _retrieve(fut: concurrent.futures.Future) -> None:
 class _Family:
     """A session and the sessions forked from it: one uid inside, one slot of a container."""
 
-    def __init__(self, channel: "_Channel"):
+    def __init__(self, channel: _Channel):
         self.channel = channel
         self.members = 1
 
@@ -325,7 +325,7 @@ def _set_exc(fut: concurrent.futures.Future, exc: BaseException) -> None:
             fut.set_exception(exc)
 
 
-_LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
 
 
 @atexit.register
@@ -394,7 +394,7 @@ class SandboxPool:
         timeout = call_timeout(timeout_s, self.config)
         return await self._call(self._run_stateless(code, timeout))
 
-    async def open_session(self) -> "SandboxSession":
+    async def open_session(self) -> SandboxSession:
         """A new empty session on the container that holds the fewest."""
         return await self._call(self._open_session())
 
@@ -458,7 +458,7 @@ class SandboxPool:
         while True:
             try:
                 return await asyncio.wait_for(asyncio.shield(reply), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if loop.time() > end or not await self._alive(ch):
                 reply.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -471,7 +471,7 @@ class SandboxPool:
         try:
             await asyncio.wait_for(asyncio.wrap_future(self._send(ch, {"op": "ping"})), _PING_S)
             return True
-        except (asyncio.TimeoutError, _ChannelClosed):
+        except (TimeoutError, _ChannelClosed):
             return False
 
     async def _blocking(self, fn, *args):
@@ -821,7 +821,7 @@ class SandboxPool:
             "address_space": int(cfg.address_space_factor * cfg.memory_bytes),
         }
 
-    async def _open_session(self) -> "SandboxSession":
+    async def _open_session(self) -> SandboxSession:
         await self._start()
         ch = await self._place()
         family = _Family(ch)
@@ -952,7 +952,7 @@ class SandboxSession:
             self._lost()
         return result
 
-    def fork(self) -> "SandboxSession":
+    def fork(self) -> SandboxSession:
         """An independent copy of this session's live state (same container, same uid). Does not block."""
         if self.closed:
             raise SessionLost("cannot fork a closed session")

@@ -167,7 +167,7 @@ class PythonTool:
         """
         await self.pool.health_check()
 
-    def fork(self) -> "PythonTool":
+    def fork(self) -> PythonTool:
         """An independent copy: shares the pool, copies the session's variables."""
         twin = PythonTool(pool=self.pool)
         if self.config.mode == "session" and self._session is not None and not self._session.closed:

@@ -63,7 +63,7 @@ class BM25Retriever:
         k1: float = 1.5,
         b: float = 0.75,
         save: bool = True,
-    ) -> "BM25Retriever":
+    ) -> BM25Retriever:
         """Load the saved index for `corpus_path`, or build (and save) it.
 
         Args:

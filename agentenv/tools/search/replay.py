@@ -23,7 +23,14 @@ from pathlib import Path
 
 from agentenv.cache import build_once, cache_root
 from agentenv.errors import ToolError
-from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, SEARCH_DESCRIPTION, SEARCH_SCHEMA, no_results_text, refuse_query
+from agentenv.tools.search.format import (
+    DEFAULT_K,
+    DEFAULT_MAX_CHARS,
+    SEARCH_DESCRIPTION,
+    SEARCH_SCHEMA,
+    no_results_text,
+    refuse_query,
+)
 from agentenv.tools.search.local import check_retriever
 from agentenv.types import ToolResult
 
@@ -72,7 +79,7 @@ def load_recording(path: str | Path) -> dict[str, str]:
 def _write_corpus(recording: dict[str, str], folder: Path) -> None:
     seen: set[str] = set()
     with open(folder / "corpus.jsonl", "w") as f:
-        for qi, (query, text) in enumerate(recording.items()):
+        for qi, text in enumerate(recording.values()):
             for pi, snippet in enumerate(split_snippets(text), start=1):
                 if snippet in seen:
                     continue
@@ -107,7 +114,7 @@ class ReplaySearchTool:
     def from_file(
         cls, path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, index_dir: str | Path | None = None,
         **bm25_kwargs,
-    ) -> "ReplaySearchTool":  # fmt: skip
+    ) -> ReplaySearchTool:  # fmt: skip
         """Read a recording and load (or build once) the BM25 index of its snippets."""
         from agentenv.tools.search.bm25 import BM25Retriever
 
@@ -146,7 +153,7 @@ class ReplaySearchTool:
         """The retriever answers a query (it loads its index here, not in the first episode)."""
         await check_retriever(self.retriever)
 
-    def fork(self) -> "ReplaySearchTool":
+    def fork(self) -> ReplaySearchTool:
         return self
 
     async def aclose(self) -> None:

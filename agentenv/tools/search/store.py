@@ -8,9 +8,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 

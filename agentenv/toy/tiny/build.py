@@ -139,9 +139,9 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyBuildConfig | None = None, lo
     """
     import torch
 
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
     from agentenv.toy.tiny.sft import init_model, train_sft
     from agentenv.toy.tiny.traces import make_tools, make_traces_async, pick_estimates
-    from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
     cfg = cfg or TinyBuildConfig()
     out = Path(out_dir)

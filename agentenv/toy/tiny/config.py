@@ -192,8 +192,7 @@ def _code_fingerprint(tokenizer_only: bool = False) -> str:
     A change there makes a cached model stale, so it is part of the key.
     """
     from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE
-    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
-    from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT, ToyConfig, build_toy_suite, reference_turns
 
     h = hashlib.sha256()
     h.update(b"tokenizer" if tokenizer_only else b"model")

@@ -27,8 +27,8 @@ async def evaluate_policy(
     Returns:
         `{"accuracy": {kind: share}, "format_ok": {kind: share}, "tool_calls": {kind: mean}, "n": {kind: count}}`.
     """
-    from agentenv.toy.tiny.traces import make_env
     from agentenv.rollout import RolloutConfig, RolloutEngine
+    from agentenv.toy.tiny.traces import make_env
 
     engine = RolloutEngine(policy, RolloutConfig(generation_timeout_s=None, episode_timeout_s=3600.0))
     params = SamplingParams(max_tokens=max_turn_tokens, temperature=temperature)

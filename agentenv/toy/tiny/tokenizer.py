@@ -35,15 +35,13 @@ token: every world's names split into the same generic syllable pieces."""
 
 def training_texts(seed: int) -> Iterator[str]:
     """Text the BPE is trained on: prompts, reference turns, results, and a corpus."""
-    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
-    from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tasks import TOY_SYSTEM_PROMPT, ToyConfig, build_toy_suite, reference_turns
 
     suite = build_toy_suite(ToyConfig(seed=seed + TEXT_SEED_OFFSET).with_kb_scale(4))
     yield f"{BOS}system\n{TOY_SYSTEM_PROMPT}{EOS}\n"
     for task in suite.train:
         yield f"{BOS}user\n{task.question}{EOS}\n{BOS}assistant\n"
-        for turn in reference_turns(task):
-            yield turn
+        yield from reference_turns(task)
         yield f"<result>\n{task.ground_truth}\n</result>"
     for i, rec in enumerate(suite.kb.passages):
         yield f"Page {i % 10 + 1}: {rec['title']}\n{rec['text']}\n\n"

@@ -84,7 +84,7 @@ class ReferencePythonTool:
             )
         return ToolResult(text=text, latency_s=time.perf_counter() - t0)
 
-    def fork(self) -> "ReferencePythonTool":
+    def fork(self) -> ReferencePythonTool:
         return self
 
     async def aclose(self) -> None:
