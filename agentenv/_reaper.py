@@ -147,6 +147,7 @@ class Reaper:
         if proc is None:
             return
         try:
+            assert proc.stdin is not None  # started with stdin=PIPE
             if not reap:
                 proc.stdin.write(_DISMISS)
             proc.stdin.close()

@@ -48,7 +48,7 @@ def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator
 
 def build_once(
     final: Path,
-    build: Callable[[Path], None],
+    build: Callable[[Path], object],  # its result is ignored
     *,
     force: bool = False,
     on_wait: Callable[[], None] | None = None,

@@ -29,7 +29,7 @@ import math
 import re
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 
@@ -42,6 +42,8 @@ SEED_RANGE = (0, 2**32 - 1)
 INT_RANGE = (-(2**63), 2**63 - 1)
 """Every other int: what fits a 64-bit integer (a tensor, a numpy array, a C size)."""
 _FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+_D = TypeVar("_D")
 
 
 def rest_field() -> Any:
@@ -129,7 +131,7 @@ def _coerce(value: Any, tp: Any, key: str, nonfinite_ok: bool = False) -> Any:
             raise ConfigError(key, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
-        return build_dataclass(tp, value, key)
+        return build_dataclass(cast(type, tp), value, key)  # a type here: is_dataclass also admits instances
     if origin in (list, tuple, collections.abc.Sequence):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"expected a list, got {value!r}")
@@ -177,7 +179,7 @@ def _rekey(e: ConfigError, cls: type, prefix: str) -> ConfigError:
     return e
 
 
-def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
+def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
     """Build `cls` from a mapping, checking keys and types; errors name `prefix.key`.
 
     Args:
@@ -197,7 +199,7 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, collections.abc.Mapping):
         raise ConfigError(prefix or cls.__name__, f"expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}  # `cls` is a dataclass (the contract)
     names = list(fields)
     rest = _rest_name(cls)
     renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
@@ -217,7 +219,7 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
         kwargs[key] = _coerce(value, hints[key], full, bool(fields[key].metadata.get(_NONFINITE_OK)))
     if rest is not None:
         kwargs[rest] = extra
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cast(Any, cls)):
         required = f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if required and f.name not in kwargs:
             raise ConfigError(f"{prefix}.{f.name}" if prefix else f.name, "is required")

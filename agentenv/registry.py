@@ -97,7 +97,7 @@ class Registry(Generic[T]):
 
     def _scan(self) -> None:
         """Add the entry points of installed packages (once; a name registered in code wins)."""
-        if self._scanned:
+        if self._scanned or self.group is None:  # no group: nothing to scan (`_scanned` starts True)
             return
         self._scanned = True
         for ep in metadata.entry_points(group=self.group):

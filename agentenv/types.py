@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.tasks.task import Task
@@ -114,7 +115,7 @@ class PolicyText(str):
         obj.turns = turns
         return obj
 
-    def __getnewargs__(self) -> tuple[tuple[str, ...]]:  # pickling rebuilds it from its turns
+    def __getnewargs__(self) -> tuple[tuple[str, ...]]:  # type: ignore[override]  # pickling rebuilds it from its turns, not from str's text
         return (self.turns,)
 
 
@@ -272,12 +273,12 @@ class Trajectory:
     @property
     def logprobs(self) -> list[float]:
         """Sampler logprobs aligned with `token_ids` (0.0 on non-policy tokens)."""
-        return [lp for s in self.segments for lp in (s.logprobs if s.source == "policy" else [0.0] * len(s))]
+        return [lp for s in self.segments for lp in (cast(list[float], s.logprobs) if s.source == "policy" else [0.0] * len(s))]
 
     @property
     def entropies(self) -> list[float]:
         """Sampler entropies aligned with `token_ids` (0.0 on non-policy tokens)."""
-        return [h for s in self.segments for h in (s.entropies if s.source == "policy" else [0.0] * len(s))]
+        return [h for s in self.segments for h in (cast(list[float], s.entropies) if s.source == "policy" else [0.0] * len(s))]
 
     @property
     def prompt_len(self) -> int:
@@ -315,5 +316,5 @@ class Group:
     def __len__(self) -> int:
         return len(self.trajectories)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Trajectory]:
         return iter(self.trajectories)

@@ -12,7 +12,7 @@ estimator, a loss and its token accounting; see `agentenv.algorithms.base.Algori
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 from agentenv.algorithms.base import Algorithm
 from agentenv.algorithms.dynamic_sampling import DynamicSampling
@@ -39,7 +39,7 @@ def as_algorithm(obj: Any, key: str = "algorithm.name") -> type[Algorithm]:
     dynamic sampling.
     """
     if issubclass(obj, Algorithm):
-        return obj
+        return cast(type[Algorithm], obj)
     ns: dict[str, Any] = {"__module__": obj.__module__, "__qualname__": obj.__qualname__, "__doc__": obj.__doc__}
     own_init = obj.__init__
 
@@ -60,7 +60,7 @@ def as_algorithm(obj: Any, key: str = "algorithm.name") -> type[Algorithm]:
 
         ns["resample"] = resample
     try:
-        return type(obj)(obj.__name__, (obj, Algorithm), ns)
+        return cast(type[Algorithm], type(obj)(obj.__name__, (obj, Algorithm), ns))
     except TypeError as e:  # a metaclass or layout that cannot take the base
         raise ConfigError(key, f"{obj!r} cannot take agentenv.algorithms.base.Algorithm's defaults "
                           f"({e}): subclass it") from None

@@ -8,7 +8,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from agentenv.rollout.engine import RolloutConfig
+from agentenv.envs.episode import MakeEnv
+from agentenv.policies.base import Policy
+from agentenv.rollout.config import RolloutConfig
+from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 
 
@@ -103,7 +106,6 @@ class LossNorm:
         return max(self.sequences, 1.0) / self.world
 
 
-MakeEnv = Callable[[], Any]
 
 # Sums a tensor over every process of the run (the identity on one process); a
 # batch-level hook calls it the same number of times on every process.
@@ -111,10 +113,10 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 # Rolls out this process's `tasks` in one extra sampling round: (tasks, their positions in the
 # round's global draw, the round's number from 1) -> one group per task.
-RolloutRound = Callable[[list[Any], list[int], int], list[Group]]
+RolloutRound = Callable[[list[Task], list[int], int], list[Group]]
 
 # Draws the next `n` tasks of the run's task stream (the same on every process).
-Draw = Callable[[int], list[Any]]
+Draw = Callable[[int], list[Task]]
 
 
 @runtime_checkable
@@ -122,7 +124,7 @@ class Sampler(Protocol):
     """Grows the Group of one task (independently for GRPO, as a tree for ARPO)."""
 
     async def sample(
-        self, policy: Any, make_env: MakeEnv, task: Any, params: SamplingParams, seed: int
+        self, policy: Policy, make_env: MakeEnv, task: Task, params: SamplingParams, seed: int
     ) -> Group: ...
 
 

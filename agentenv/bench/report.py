@@ -244,7 +244,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(calls, "{:.1f}") + _ratio(calls.mean, ref_calls),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
-            _pm(Spread(*(v / 60 for v in (r.wall_s.mean, r.wall_s.std, r.wall_s.min, r.wall_s.max)), r.wall_s.n), "{:.1f}"),
+            _pm(Spread(r.wall_s.mean / 60, r.wall_s.std / 60, r.wall_s.min / 60, r.wall_s.max / 60, r.wall_s.n), "{:.1f}"),
             f"{r.wall_s.mean * r.wall_s.n / 60:.1f}" if r.wall_s.n else "n/a",
         ]
         lines.append("| " + " | ".join(cells) + " |")

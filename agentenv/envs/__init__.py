@@ -16,6 +16,7 @@ register_builtin_envs()
 _LAZY = {
     "AgentEnv": "agentenv.envs.agent_env",
     "AgentEnvConfig": "agentenv.envs.config",
+    "EpisodeEnv": "agentenv.envs.episode",
     "ToolEnv": "agentenv.envs.tool_env",
     "ToolEnvConfig": "agentenv.envs.tool_env",
     "TokenSequence": "agentenv.envs.spaces",

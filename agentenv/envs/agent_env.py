@@ -28,6 +28,7 @@ import numpy as np
 from gymnasium.error import ResetNeeded
 
 from agentenv.envs.config import AgentEnvConfig
+from agentenv.envs.episode import Observation, StepResult
 from agentenv.envs.formats import TOOL_FORMATS
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
 from agentenv.envs.results import call_tool, close_tool, frame_off_loop, result_text
@@ -189,7 +190,7 @@ class AgentEnv(gymnasium.Env):
 
     # ---- gymnasium API --------------------------------------------------
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Start an episode.
 
         Args:
@@ -229,7 +230,7 @@ class AgentEnv(gymnasium.Env):
         self._append(Segment("prompt", prompt))
         return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
 
-    def step(self, action: Generation | Sequence[int] | np.ndarray):
+    def step(self, action: Generation | Sequence[int] | np.ndarray) -> StepResult:
         """Synchronous `astep`, run on the env's own event loop.
 
         Raises:
@@ -237,7 +238,7 @@ class AgentEnv(gymnasium.Env):
         """
         return self._sync.run(self.astep(action))
 
-    async def astep(self, action: Generation | Sequence[int] | np.ndarray):
+    async def astep(self, action: Generation | Sequence[int] | np.ndarray) -> StepResult:
         """Take the policy's turn and answer it.
 
         Returns:
@@ -345,7 +346,7 @@ class AgentEnv(gymnasium.Env):
         truncated: bool = False,
         obs: list[int] | None = None,
         info: dict[str, Any] | None = None,
-    ):
+    ) -> StepResult:
         self._done = True
         self._finish_reason = reason
         await self._score()

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentenv.errors import ConfigError
 from agentenv.types import Segment
@@ -101,9 +101,9 @@ class ChatTemplate:
         if self.template is not None:
             extra["chat_template"] = self.template
         try:
-            return self.tokenizer.apply_chat_template(
+            return cast(str, self.tokenizer.apply_chat_template(  # tokenize=False: the text
                 [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False, **extra
-            )
+            ))
         except Exception as e:  # noqa: BLE001 - a template can fail any way (jinja errors, raise_exception)
             raise ConfigError("env.chat_template", f"{self.name} failed to render: {type(e).__name__}: {e}") from e
 
@@ -113,7 +113,8 @@ class ChatTemplate:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The exact text of token ids (special tokens kept, no clean-up)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text
 
     def ignores_tools(self) -> bool:
         """Whether the template renders the same with and without `tools` (it has no tool support)."""

@@ -58,13 +58,13 @@ def _check_structure(env: AgentEnv, where: str) -> None:
     )
 
 
-def _play(env: AgentEnv, task: Task, seed: int, actions: Sequence[Sequence[int]], label: str) -> list[tuple]:
+def _play(env: AgentEnv, task: Task, seed: int, actions: Sequence[Sequence[int]], label: str) -> list[tuple[Any, ...]]:
     """Reset and play `actions` until the episode ends; check structure after every step."""
     obs, _ = env.reset(seed=seed, options={"task": task})
     assert isinstance(obs, np.ndarray) and obs.dtype == np.int64, f"{label}: reset must return an int64 array"
     assert list(obs) == env.context, f"{label}: reset's observation is not the prompt context"
     _check_structure(env, f"{label} after reset")
-    record: list[tuple] = [("reset", list(obs))]
+    record: list[tuple[Any, ...]] = [("reset", list(obs))]
     for i, action in enumerate(actions):
         before = len(env.context)
         obs, reward, terminated, truncated, info = env.step(list(action))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE, DEFAULT_TRUNCATION_MARKER, validate_result_fields
 from agentenv.errors import ConfigError
@@ -119,7 +119,7 @@ class AgentEnvConfig:
         if done is None:
             defaults = self.tasks.tool_defaults()
             done = {}
-            for name, options in self.tools.items():
+            for name, options in cast(Mapping[str, Any], self.tools).items():  # __post_init__ made it a dict
                 part = get_tool(name)
                 key = f"env.tools.{name}"
                 done[name] = (part, part.config(options, key, defaults=defaults.get(name)))

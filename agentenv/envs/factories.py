@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentenv.envs.agent_env import AgentEnv, AgentEnvConfig, RewardFn
+from agentenv.envs.agent_env import AgentEnv, RewardFn
+from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.tool_env import ToolEnv, ToolEnvConfig
 from agentenv.errors import ConfigError
 from agentenv.registry import as_part
@@ -71,7 +72,8 @@ def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None
         part, defaults = as_part(tool, key), None
     else:
         raise ConfigError(key, f"expected a tool name, 'module:attr' or a factory, got {tool!r}")
-    return part.make(part.config(options, key, defaults=defaults))
+    made: Tool = part.make(part.config(options, key, defaults=defaults))
+    return made
 
 
 def make_tool_env(

@@ -61,7 +61,7 @@ def action_ids(action: Any, vocab_size: int) -> list[int]:
         raise ValueError(f"an action is a flat sequence of token ids, got an array of shape {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise ValueError(f"token ids must be integers, got {arr.dtype} values (first {arr[:3].tolist()})")
-    ids = arr.astype(np.int64).tolist()
+    ids: list[int] = arr.astype(np.int64).tolist()
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"action holds token ids outside [0, {vocab_size}): {bad[:5]}")

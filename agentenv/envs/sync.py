@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from agentenv._loops import refuse_inside_loop, running_loop
+
+_R = TypeVar("_R")
 
 
 class SyncRunner:
@@ -25,9 +27,9 @@ class SyncRunner:
         self._owner = owner
         self._async_name = async_name
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[asyncio.Task] = set()
+        self._pending: set[asyncio.Task[Any]] = set()
 
-    def run(self, coro: Coroutine[Any, Any, Any], method: str = "step") -> Any:
+    def run(self, coro: Coroutine[Any, Any, _R], method: str = "step") -> _R:
         """Run `coro` to completion and return its result.
 
         Raises:

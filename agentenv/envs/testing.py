@@ -124,7 +124,7 @@ class CounterTool:
         forks: Every fork made from this tool (and their forks register here too).
     """
 
-    def __init__(self, name: str = "python", count: int = 0, registry: list | None = None):
+    def __init__(self, name: str = "python", count: int = 0, registry: list[Any] | None = None):
         self.name = name
         self.count = count
         self.closed = False

@@ -16,6 +16,7 @@ import gymnasium
 import numpy as np
 from gymnasium.error import ResetNeeded
 
+from agentenv.envs.episode import Observation, StepResult
 from agentenv.envs.results import (
     DEFAULT_RESULT_TEMPLATE,
     DEFAULT_TRUNCATION_MARKER,
@@ -107,7 +108,7 @@ class ToolEnv(gymnasium.Env):
     def tool_time_s(self) -> float:
         return self._tool_time_s
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Start a session with a fresh fork of the tool. Returns (empty int64 array, {"tool": name})."""
         super().reset(seed=seed)
         if self._episode_tool is not None and self._episode_tool is not self.tool:
@@ -118,11 +119,11 @@ class ToolEnv(gymnasium.Env):
         self._tool_time_s = 0.0
         return as_token_array([]), {"tool": self.tool.name}
 
-    def step(self, action: Sequence[int] | np.ndarray):
+    def step(self, action: Sequence[int] | np.ndarray) -> StepResult:
         """Synchronous `astep`, on the env's own loop (raises inside a running loop)."""
         return self._sync.run(self.astep(action))
 
-    async def astep(self, action: Sequence[int] | np.ndarray):
+    async def astep(self, action: Sequence[int] | np.ndarray) -> StepResult:
         """Call the tool with the decoded query.
 
         Returns:

@@ -12,7 +12,7 @@ run fills in the model folder) and may have `dtype` and `seed` (filled from
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from agentenv.registry import Part, Registry, as_part
 
@@ -28,7 +28,7 @@ def build_policy(name: str, config: Any, model_path: str) -> Any:
     """The rollout policy of backend `name` from its validated settings, serving `model_path`."""
     part = POLICY_BACKENDS.get(name)
     if dataclasses.is_dataclass(config):
-        config = dataclasses.replace(config, model=model_path)
+        config = dataclasses.replace(cast(Any, config), model=model_path)  # an instance: the validated settings
     else:
         config = {**config, "model": model_path}
     return part.make(config)

@@ -22,6 +22,7 @@ def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor
     Returns:
         (logp (..., V), entropy (...)).
     """
+    t: torch.Tensor | float
     if isinstance(temperature, torch.Tensor):
         t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
     else:

@@ -108,7 +108,7 @@ def _dequantize(gguf: Path, out: Path) -> None:
     for obj, attr in ((model.config, "quantization_config"), (model, "hf_quantizer")):
         if hasattr(obj, attr):
             delattr(obj, attr)
-    model.is_quantized = False
+    model.is_quantized = False  # type: ignore[assignment]  # a plain attribute transformers reads; torch types Module attributes as Tensor | Module
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     os.chmod(out, 0o755)  # mkdtemp made it 0700; the cache is shared like any other

@@ -24,7 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -342,7 +342,7 @@ class HFPolicy:
 
     def _decode(self) -> torch.Tensor:
         """Feed each row's pending token; returns next-token logits (B, V)."""
-        b = self._batch
+        b = cast(_Batch, self._batch)  # decode/select/sample run only on a live batch
         pos = b.mask.sum(-1, keepdim=True)  # (B, 1): position of the pending token
         mask = torch.cat([b.mask, torch.ones_like(b.mask[:, :1])], dim=-1)  # (B, L+1)
         out = self.model(
@@ -380,7 +380,7 @@ class HFPolicy:
         if not keep:
             self._batch = None
             return
-        b = self._batch
+        b = cast(_Batch, self._batch)  # decode/select/sample run only on a live batch
         idx = torch.tensor(keep, device=b.mask.device)
         mask = b.mask.index_select(0, idx)
         # Leading columns that no remaining row uses.
@@ -391,7 +391,7 @@ class HFPolicy:
         b.rows = [b.rows[i] for i in keep]
 
     def _sample_and_advance(self, logits: torch.Tensor) -> list[_Request]:
-        b = self._batch
+        b = cast(_Batch, self._batch)  # decode/select/sample run only on a live batch
         rows = b.rows
         dev = logits.device
         temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(-1)  # (B, 1)

@@ -19,11 +19,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv
 from agentenv.errors import InfraError
+from agentenv.policies.base import Policy
 from agentenv.rollout.config import MIN_EPISODE_TIMEOUT_S, RolloutConfig  # noqa: F401  (re-exported: RolloutConfig's home was here)
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
@@ -83,13 +85,13 @@ class StepResult:
         return self.terminated or self.truncated
 
 
-def _unwrap(env: Any) -> Any:
+def _unwrap(env: AnyEnv) -> EpisodeEnv:
     """The env itself, or under gymnasium wrappers the base env (wrappers are sync-only)."""
     if hasattr(env, "astep") and hasattr(env, "fork"):
-        return env
+        return cast(EpisodeEnv, env)
     inner = getattr(env, "unwrapped", None)
     if inner is not None and hasattr(inner, "astep"):
-        return inner
+        return cast(EpisodeEnv, inner)
     raise TypeError(f"the rollout needs an env with astep() and fork() (an AgentEnv), got {type(env).__name__}")
 
 
@@ -114,7 +116,7 @@ class Episode:
     """
 
     def __init__(
-        self, policy: Any, env: Any, params: SamplingParams, seed: int, config: RolloutConfig | None = None
+        self, policy: Policy, env: AnyEnv, params: SamplingParams, seed: int, config: RolloutConfig | None = None
     ):
         self.policy = policy
         self.env = _unwrap(env)
@@ -296,12 +298,12 @@ class RolloutEngine:
         config: Rollout limits.
     """
 
-    def __init__(self, policy: Any, config: RolloutConfig | None = None):
+    def __init__(self, policy: Policy, config: RolloutConfig | None = None):
         self.policy = policy
         self.config = config or RolloutConfig()
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
 
-    async def run_episode(self, env: Any, task: Task, params: SamplingParams, seed: int) -> Trajectory:
+    async def run_episode(self, env: AnyEnv, task: Task, params: SamplingParams, seed: int) -> Trajectory:
         """Roll out one episode to its end. Never raises for a failing episode.
 
         Returns:
@@ -324,7 +326,7 @@ class RolloutEngine:
             return traj
 
     async def run_group(
-        self, make_env: Callable[[], Any], task: Task, n: int, params: SamplingParams, seed: int
+        self, make_env: MakeEnv, task: Task, n: int, params: SamplingParams, seed: int
     ) -> Group:
         """Roll out `n` independent episodes of `task` concurrently.
 
@@ -354,8 +356,8 @@ class RolloutEngine:
 
 
 async def run_episode(
-    policy: Any,
-    env: Any,
+    policy: Policy,
+    env: AnyEnv,
     task: Task,
     params: SamplingParams,
     seed: int,
@@ -366,8 +368,8 @@ async def run_episode(
 
 
 async def run_group(
-    policy: Any,
-    make_env: Callable[[], Any],
+    policy: Policy,
+    make_env: MakeEnv,
     task: Task,
     n: int,
     params: SamplingParams,

@@ -71,7 +71,7 @@ def _ability(value: Any, ability_map: Mapping[str, Ability] | None, where: str) 
         value = ability_map[value]
     if value not in ("math", "qa"):
         raise ValueError(f"{where}: ability {value!r} is neither 'math' nor 'qa'; pass ability_map to map it")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def load_jsonl(

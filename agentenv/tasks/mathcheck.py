@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from fractions import Fraction
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def _expand(s: str) -> str | None:
         if s.startswith("\\frac", i):
             num = _group(s, i + 5)
             den = num and _group(s, num[1])
-            if not den:
+            if not den or not num:  # den is falsy whenever num is
                 return None
             a, b = _expand(num[0]), _expand(den[0])
             if a is None or b is None:
@@ -148,9 +149,10 @@ def to_sympy_text(latex: str) -> str | None:
     s = normalize_math(latex)
     if not s or len(s) > _MAX_LEN:
         return None
-    s = _expand(s)
-    if s is None:
+    expanded = _expand(s)
+    if expanded is None:
         return None
+    s = expanded
     for cmd in sorted(_COMMANDS, key=len, reverse=True):
         s = s.replace(cmd, f" {_COMMANDS[cmd]} ")
     s = s.replace("{", "(").replace("}", ")").replace("^", "**")
@@ -223,7 +225,7 @@ def worker_main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            reply = {"equal": bool(sympy_equal(req["a"], req["b"]))}
+            reply: dict[str, Any] = {"equal": bool(sympy_equal(req["a"], req["b"]))}
         except Exception as e:  # noqa: BLE001 (any parse failure means "not shown equal")
             reply = {"error": f"{type(e).__name__}: {e}"[:200]}
         print(json.dumps(reply), flush=True)
@@ -254,7 +256,8 @@ class SympyWorker:
         return proc
 
     @staticmethod
-    def _readline(proc: subprocess.Popen, timeout_s: float) -> dict | None:
+    def _readline(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any] | None:
+        assert proc.stdout is not None  # started with stdout=PIPE
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
         if not ready:
             return None
@@ -275,6 +278,7 @@ class SympyWorker:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = self._start()
             proc = self._proc
+            assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.write(json.dumps({"a": a, "b": b}) + "\n")
                 proc.stdin.flush()
@@ -312,7 +316,9 @@ def get_worker() -> SympyWorker:
 
 def _split_top_level(s: str) -> list[str]:
     """Split on commas outside (), [], {}: tuples and intervals compare element-wise."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s:
         depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
         if ch == "," and depth == 0:

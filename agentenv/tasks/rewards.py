@@ -57,7 +57,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
@@ -246,6 +246,7 @@ def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
     ok, answer, reason = check_format(response)
     if not ok:
         return RewardResult(-1.0, False, False, None, reason)
+    answer = cast(str, answer)  # check_format gives the answer whenever ok
     refs = _references(task)
     if task.ability == "math":
         correct = any(math_equal(answer, r) for r in refs)

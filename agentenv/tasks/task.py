@@ -64,7 +64,7 @@ def balanced_subset(tasks: Sequence[Task], n: int | None) -> list[Task]:
     out: list[Task] = []
     while len(out) < n:
         for q in queues:
-            t = next(q, None)
-            if t is not None and len(out) < n:
-                out.append(t)
+            nxt = next(q, None)
+            if nxt is not None and len(out) < n:
+                out.append(nxt)
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+from collections.abc import Callable
 from typing import Any
 
 TOOLS = [{
@@ -25,7 +26,7 @@ TOOLS = [{
     },
 }]  # fmt: skip
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+_OPS: dict[type, Callable[..., float]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.USub: operator.neg, ast.UAdd: operator.pos}  # fmt: skip
 
 

@@ -29,7 +29,7 @@ def toy_corpus_path(seed: int = 0) -> Path:
     """
     path = cache_root() / "toy" / f"v{GENERATOR_VERSION}-seed{seed}" / "corpus.jsonl"
     if not path.exists():
-        no_questions = {f"n_{k}_{s}": 0 for k in KINDS for s in SPLITS}
+        no_questions: dict[str, Any] = {f"n_{k}_{s}": 0 for k in KINDS for s in SPLITS}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         build_toy_suite(ToyConfig(seed=seed, **no_questions)).write_corpus(tmp)

@@ -23,7 +23,7 @@ import json
 import math
 import random
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -315,16 +315,18 @@ def _passages(kb: ToyKB, n_distractors: int, rng: random.Random) -> list[dict[st
     facts: list[tuple[str, str]] = []  # (title, text)
     for c in kb.countries.values():
         facts.append((c.name, _FACT_TEXT["capital"].format(country=c.name, city=c.capital)))
-    for c in kb.cities.values():
-        facts.append((c.name, _FACT_TEXT["country"].format(city=c.name, country=c.country)))
-        facts.append((c.name, _FACT_TEXT["population"].format(city=c.name, population=c.population)))
+    for ci in kb.cities.values():
+        facts.append((ci.name, _FACT_TEXT["country"].format(city=ci.name, country=ci.country)))
+        facts.append((ci.name, _FACT_TEXT["population"].format(city=ci.name, population=ci.population)))
     for p in kb.people.values():
         facts.append((p.name, _FACT_TEXT["born"].format(person=p.name, city=p.born_in)))
-    for c in kb.companies.values():
-        facts.append((c.name, _FACT_TEXT["founder"].format(company=c.name, person=c.founder)))
-        facts.append((c.name, _FACT_TEXT["founded"].format(company=c.name, year=c.founded)))
-        facts.append((c.name, _FACT_TEXT["based"].format(company=c.name, city=c.based_in)))
-    tables = [("person", kb.people), ("city", kb.cities), ("company", kb.companies), ("country", kb.countries)]
+    for co in kb.companies.values():
+        facts.append((co.name, _FACT_TEXT["founder"].format(company=co.name, person=co.founder)))
+        facts.append((co.name, _FACT_TEXT["founded"].format(company=co.name, year=co.founded)))
+        facts.append((co.name, _FACT_TEXT["based"].format(company=co.name, city=co.based_in)))
+    tables: list[tuple[str, Mapping[str, Any]]] = [
+        ("person", kb.people), ("city", kb.cities), ("company", kb.companies), ("country", kb.countries)
+    ]
     for i in range(n_distractors):
         slot, table = tables[i % len(tables)]
         if not table:
@@ -628,7 +630,7 @@ def load_toy_tasks(
         raise ConfigError("split", f"must be one of {SPLITS}, got {split!r}")
     if n is not None and n < 0:
         raise ConfigError("n", f"must be >= 0, got {n}")
-    sizes: dict[str, int] = {}
+    sizes: dict[str, Any] = {}
     if n is not None:
         per_kind = math.ceil(n / len(kinds))
         sizes = {f"n_{k}_{s}": 0 for k in KINDS for s in SPLITS}

@@ -26,7 +26,8 @@ class TaskStream:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
 
     def peek(self, n: int) -> list[Any]:
-        out, pos = [], self.cursor
+        out: list[Any] = []
+        pos = self.cursor
         while len(out) < n:
             epoch, i = divmod(pos, len(self.tasks))
             out.append(self.tasks[int(self._order(epoch)[i])])

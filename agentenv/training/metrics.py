@@ -82,7 +82,7 @@ class MetricsLogger:
         if bad:
             log.warning("step %d: non-finite metrics %s", step, ", ".join(f"{k}={values[k]}" for k in bad))
         if self._jsonl:
-            record = {"step": step, "time": time.time(), **{k: (v if k not in bad else None) for k, v in values.items()}}
+            record: dict[str, Any] = {"step": step, "time": time.time(), **{k: (v if k not in bad else None) for k, v in values.items()}}
             if bad:
                 record["nonfinite"] = bad
             self._jsonl.write(json.dumps(record) + "\n")

@@ -78,7 +78,7 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     from peft import get_peft_model
 
     peft_cfg = PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+        r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft types it int; it scales by alpha / r and takes a float lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
         bias="none", task_type="CAUSAL_LM",
     )  # fmt: skip
     try:
@@ -184,7 +184,7 @@ class Strategy:
         # One unit per decoder layer (transformers lists the block class in `_no_split_modules`): its
         # parameters are gathered for its forward and backward only (and prefetched for the next layer's), so
         # besides the root's (embeddings, final norm, lm_head) only a layer or two are whole at a time.
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]  # peft's wrapper: a method, not a submodule
         blocks = set(getattr(inner, "_no_split_modules", None) or [])
         units = [m for m in model.modules() if type(m).__name__ in blocks]
         if not units:

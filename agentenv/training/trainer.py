@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -439,7 +439,7 @@ class Trainer:
         """Sums reduced across ranks, then turned into means."""
         trajs = [t for g in groups for t in g]
         mask = batch.loss_mask
-        ent = torch.tensor([h for t in trajs for s in t.segments if s.source == "policy" for h in s.entropies])
+        ent = torch.tensor([h for t in trajs for s in t.segments if s.source == "policy" for h in cast(list[float], s.entropies)])
         ent = ent[torch.isfinite(ent)]
         gap = (batch.old_logprobs - batch.sampler_logprobs).abs() * mask
         # sampler vs trainer: k3 estimate of KL(sampler || trainer) over the sampled tokens, and the largest

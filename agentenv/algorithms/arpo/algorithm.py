@@ -12,7 +12,7 @@ from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
 from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.core import Estimator, broadcast, get_estimator, group_scalars, policy_loss
-from agentenv.rollout.engine import RolloutConfig
+from agentenv.rollout.config import RolloutConfig
 from agentenv.types import Group, Trajectory
 
 
@@ -62,6 +62,7 @@ class ARPO(Algorithm):
 
     config_cls: ClassVar[type] = ARPOConfig
     grows_trees: ClassVar[bool] = True  # branches share their parent's prefix: the update packs them
+    cfg: ARPOConfig
 
     def __init__(self, cfg: ARPOConfig | None = None):
         super().__init__(cfg or ARPOConfig())

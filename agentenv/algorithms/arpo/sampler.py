@@ -35,7 +35,8 @@ from typing import Any
 
 from agentenv.algorithms.arpo.branching import entropy_scale, fork_count, should_branch, window_entropy
 from agentenv.algorithms.arpo.config import ARPOConfig
-from agentenv.rollout.engine import Episode, RolloutConfig, close_quietly, derive_seed, play_to_end
+from agentenv.rollout.config import RolloutConfig
+from agentenv.rollout.engine import Episode, close_quietly, derive_seed, play_to_end
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
 
@@ -103,7 +104,7 @@ class _Tree:
         self.decisions: list[dict[str, Any]] = []
         self.branch_points = 0
         self.generated = 0  # tokens returned by every generate call of this tree
-        self.pending: set[asyncio.Task] = set()
+        self.pending: set[asyncio.Task[Any]] = set()
         self._scale: float | None = None
 
     # ---- the tree ------------------------------------------------------
@@ -214,7 +215,7 @@ class _Tree:
         def branch(u: float) -> bool:
             return should_branch(
                 h_t,
-                path.h_initial,  # type: ignore[arg-type] - checked by the caller
+                path.h_initial,  # type: ignore[arg-type]  # set before any branch decision: checked by the caller
                 alpha=cfg.alpha,
                 beta=cfg.beta,
                 tau=cfg.tau,
@@ -225,7 +226,7 @@ class _Tree:
 
         wanted = fork_count(cfg.forks_per_branch, cfg.fork_decision, draws, branch)
         n = self._reserve(wanted)
-        record = {
+        record: dict[str, Any] = {
             "path": path.label,
             "tool_result": path.tool_results,
             "token": node,

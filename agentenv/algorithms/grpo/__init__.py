@@ -1,6 +1,7 @@
 """GRPO: independent group sampling, group-normalized advantages, clipped token loss (its math: `agentenv.algorithms.core`)."""
 
-from agentenv.algorithms.grpo.algorithm import GRPO, IndependentSampler, broadcast, trajectory_advantages
+from agentenv.algorithms.core import broadcast
+from agentenv.algorithms.grpo.algorithm import GRPO, IndependentSampler, trajectory_advantages
 from agentenv.algorithms.grpo.config import GRPOConfig
 
 __all__ = ["GRPO", "GRPOConfig", "IndependentSampler", "broadcast", "trajectory_advantages"]

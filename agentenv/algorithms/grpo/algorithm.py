@@ -10,7 +10,8 @@ import torch
 from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.core import Estimator, aggregate, broadcast, get_estimator, group_scalars, policy_loss
 from agentenv.algorithms.grpo.config import GRPOConfig
-from agentenv.rollout.engine import RolloutConfig, RolloutEngine
+from agentenv.rollout.config import RolloutConfig
+from agentenv.rollout.engine import RolloutEngine
 from agentenv.types import Group, SamplingParams, Trajectory
 
 

@@ -9,7 +9,7 @@ import uuid
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
@@ -54,7 +54,7 @@ class VLLMPolicy:
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
         self._reaper = Reaper(tag=True)
         try:
-            with tagged(self._reaper.tag):
+            with tagged(cast(str, self._reaper.tag)):  # Reaper(tag=True) always has one
                 self._engine = self._loop.run(self._start_engine())
         except BaseException:
             self._loop.stop(join_s=30)

@@ -74,7 +74,7 @@ class AgentRunner:
         self.endpoint = Endpoint(chat, cfg, max_context_tokens, self.rollout.generation_limit_s)
         self._sem: asyncio.Semaphore | None = None
         self._http: Any = None
-        self._seen: Counter = Counter()  # endpoint counts already reported by `metrics`
+        self._seen: Counter[str] = Counter()  # endpoint counts already reported by `metrics`
 
     async def start(self) -> None:
         await self.endpoint.start()
@@ -87,7 +87,7 @@ class AgentRunner:
 
         if self._http is None:
 
-            class Shared(openai.DefaultAsyncHttpxClient):  # type: ignore[misc, valid-type]
+            class Shared(openai.DefaultAsyncHttpxClient):
                 """The episodes' one connection pool: an agent closing its client (`async with client:`) keeps it."""
 
                 async def aclose(self) -> None:
@@ -144,7 +144,7 @@ class AgentRunner:
 
     async def _score(self, result: str | float, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
         if isinstance(result, str):
-            calls: Counter = Counter()
+            calls: Counter[str] = Counter()
             for t in trajs:
                 calls.update(t.tool_calls)
             r = await asyncio.to_thread(self.reward_fn, _as_answer(result), task, dict(calls))

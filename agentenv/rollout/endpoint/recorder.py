@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agentenv.envs.chat import ChatTemplate
 from agentenv.types import Generation, SamplingParams, Segment, Trajectory, _new_uid
@@ -81,7 +81,7 @@ def _norm_args(args: Any) -> str:
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
-            return args
+            return cast(str, args)  # still the text: json.loads failed
     return json.dumps(args, sort_keys=True, ensure_ascii=False)
 
 
@@ -132,7 +132,7 @@ class Thread:
     uid: str = field(default_factory=_new_uid)
     parent_uid: str | None = None
     branch_token: int | None = None
-    tool_calls: Counter = field(default_factory=Counter)
+    tool_calls: Counter[str] = field(default_factory=Counter)
     finish_reason: str = "running"
     requests: int = 0
     gen_time_s: float = 0.0

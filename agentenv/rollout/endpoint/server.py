@@ -66,7 +66,7 @@ class Endpoint:
         self.generation_timeout_s = generation_timeout_s
         self.episodes: dict[str, EpisodeRecord] = {}
         self._ended: dict[str, None] = {}
-        self.counts: Counter = Counter()  # requests, errors by code, prefix breaks (since start)
+        self.counts: Counter[str] = Counter()  # requests, errors by code, prefix breaks (since start)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -138,7 +138,8 @@ class Endpoint:
                     403, f"the endpoint serves loopback clients only, not {peer!r} (rollout.endpoint.allow_remote)",
                     "remote_refused", type_="permission_error"))  # fmt: skip
         try:
-            return await handler(request)
+            response: web.StreamResponse = await handler(request)
+            return response
         except RequestError as e:
             self.counts[f"error/{e.code}"] += 1
             return _error(e)
@@ -175,7 +176,7 @@ class Endpoint:
         """The episode's own record (sizes and uids), for its key only."""
         return web.json_response(self._episode_of(request).summary())
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         rec = self._episode_of(request)
         try:
             body = await request.json(loads=json.loads)

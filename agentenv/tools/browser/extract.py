@@ -154,7 +154,7 @@ def html_to_text(html: str, url: str, fast: bool = False) -> tuple[str, str]:
             log.debug("trafilatura failed on %s: %s", url, e)
             doc = None
         if doc is not None:
-            text = doc.text
+            text = doc.text  # type: ignore[union-attr]  # as_dict=False (the default): a Document, never a dict
     if not text:
         text = trafilatura.html2txt(html) or ""
     return title or "", text

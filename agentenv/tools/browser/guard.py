@@ -14,6 +14,7 @@ import asyncio
 import ipaddress
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
@@ -52,6 +53,10 @@ class AddressPolicy:
 
     allow_hosts: tuple[str, ...] = ()
     allow_private: bool = False
+
+    if TYPE_CHECKING:  # set per instance in __post_init__, not fields (a frozen dataclass's derived state)
+        _networks: ClassVar[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]]
+        _names: ClassVar[frozenset[str]]
 
     def __post_init__(self) -> None:
         networks = []
@@ -92,7 +97,7 @@ class AddressPolicy:
         """
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        ips = [_ip(info[4][0]) for info in infos]
+        ips = [_ip(str(info[4][0])) for info in infos]  # an IP family: the address is text
         if not ips:
             raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
         for ip in ips:

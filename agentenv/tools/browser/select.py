@@ -111,13 +111,15 @@ def select_passage(text: str, goal: str, max_chars: int) -> Selection:
     window: dict[str, int] = dict.fromkeys(idf, 0)
     s, i = 0.0, 0
     for j in range(n):
-        changed = unit_tf[j] is not None
-        if changed:
-            for t, c in unit_tf[j].items():
+        tf_j = unit_tf[j]
+        changed = tf_j is not None
+        if tf_j is not None:
+            for t, c in tf_j.items():
                 window[t] += c
         while spans[j][1] - spans[i][0] > max_chars:
-            if unit_tf[i] is not None:
-                for t, c in unit_tf[i].items():
+            tf_i = unit_tf[i]
+            if tf_i is not None:
+                for t, c in tf_i.items():
                     window[t] -= c
                 changed = True
             i += 1

@@ -84,7 +84,7 @@ def parse_query(query: str) -> tuple[str, str]:
     if q.startswith("{"):
         try:
             obj = json.loads(q)
-        except ValueError as e:
+        except json.JSONDecodeError as e:  # what json.loads raises on bad text (a ValueError)
             raise PageError("bad_query", f"Browse query is not valid JSON ({e.msg}). {QUERY_FORMAT}") from None
         url, goal = obj.get("url"), obj.get("goal", "")  # text starting with "{" parses to a dict
         if not isinstance(url, str) or not url.strip():

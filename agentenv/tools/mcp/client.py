@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, cast
 
 from agentenv.errors import ConfigError, ToolError
 from agentenv.tools.mcp.config import MCPConfig, MCPServerConfig
@@ -86,13 +86,14 @@ class ServerProcess:
                     from mcp.client.streamable_http import streamable_http_client
 
                     http = await stack.enter_async_context(httpx.AsyncClient(headers=dict(self.config.headers)))
-                    streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=http))
+                    streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=http))  # type: ignore[arg-type]  # mcp's stubs name httpx2's client; it takes httpx's
                     read, write = streams[0], streams[1]
                 else:
                     from mcp import StdioServerParameters
                     from mcp.client.stdio import stdio_client
 
-                    params = StdioServerParameters(command=self.config.command, args=list(self.config.args),
+                    command = cast(str, self.config.command)  # no url: the config requires a command
+                    params = StdioServerParameters(command=command, args=list(self.config.args),
                                                    env={**_base_env(), **dict(self.config.env)} if self.config.env else None,
                                                    cwd=self.config.cwd)  # fmt: skip
                     errlog = stack.enter_context(open(os.devnull, "w"))

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import docker_client, image_exists
@@ -63,8 +63,9 @@ def build_image(cfg: PythonSandboxConfig | None = None, *, log: Callable[[str], 
 
 def _try_pull(client: Any, cfg: PythonSandboxConfig, log: Callable[[str], None]) -> bool:
     """Pulls `cfg.pull_image` in a thread so a hung registry costs at most pull_timeout_s."""
+    image = cast(str, cfg.pull_image)  # the caller pulls only when set
     repo, _, tag = (
-        cfg.pull_image.rpartition(":") if ":" in cfg.pull_image.split("/")[-1] else (cfg.pull_image, "", "latest")
+        image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
     )
     log(f"pulling {repo}:{tag} (at most {cfg.pull_timeout_s:.0f} s)...")
     outcome: dict[str, Any] = {}

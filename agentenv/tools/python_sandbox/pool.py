@@ -45,7 +45,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, fields, replace
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from agentenv._loops import LoopThread
 from agentenv._reaper import reap_containers_on_exit
@@ -139,7 +139,7 @@ class ExecResult:
 
     def checked(self) -> ExecResult:
         """This result if every field has its type, else a copy that says which do not."""
-        bad = [f.name for f in fields(self) if not _valid(getattr(self, f.name), f.type)]
+        bad = [f.name for f in fields(self) if not _valid(getattr(self, f.name), cast(str, f.type))]  # text: postponed annotations
         if not bad:
             return self
         clean = {name: _FALLBACK[name] for name in bad}
@@ -152,7 +152,7 @@ _REPLY_KEYS = (
     "stdout", "stderr", "exit", "signal", "timed_out", "oom", "output_limit", "error",
     "duration", "stdout_bytes", "stderr_bytes", "rolled_back", "session_lost", None,
 )  # fmt: skip
-_FALLBACK = {f.name: f.default for f in fields(ExecResult)}
+_FALLBACK: dict[str, Any] = {f.name: f.default for f in fields(ExecResult)}
 
 
 def _valid(value: Any, kind: str) -> bool:
@@ -543,7 +543,7 @@ class SandboxPool:
             await self._blocking(self._remove_containers_blocking)
             err = errors[0]
             raise err if isinstance(err, ToolError) else ToolError(f"sandbox container failed to start: {err}")
-        for ch in channels:
+        for ch in cast(list[_Channel], channels):  # no errors: every one started
             self._add(ch)
 
     async def _health_check(self) -> None:

@@ -138,6 +138,7 @@ class PythonTool:
         if n > self.config.max_code_bytes:
             why = f"code too large: {n} bytes > limit {self.config.max_code_bytes} bytes"
             return ToolResult(text=f"Error: {why}", ok=False, error=why, kind="refused")
+        r: ExecResult | ToolResult
         if self.config.mode == "stateless":
             r = await self.pool.run(code)
         else:

@@ -214,7 +214,7 @@ class CachedSearchTool:
         self.provider = tool.provider
         self._params = dict(tool.cache_params)
         # In-flight fetches and counters, shared by every fork of this tool.
-        self._shared = _shared if _shared is not None else {"inflight": {}, "coalesced": 0}
+        self._shared: dict[str, Any] = _shared if _shared is not None else {"inflight": {}, "coalesced": 0}
 
     @property
     def cache_params(self) -> dict[str, Any]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
+from agentenv.tools.base import Tool
 from agentenv.tools.search.format import DEFAULT_K, DEFAULT_MAX_CHARS, DEFAULT_MAX_RESPONSE_BYTES
 from agentenv.tools.search.ratelimit import TokenBucket
 
@@ -125,7 +126,7 @@ def _number(v: Any) -> bool:
 
 def make_search_tool(
     cfg: SearchToolConfig | Mapping[str, Any] | None = None, *, limiter: TokenBucket | None = None, **options: Any
-):
+) -> Tool:
     """Build the `search` tool a config asks for, behind the shared cache when `cfg.cache` is set.
 
     Also the factory of the `search` tool in configs (`env.tools: {search: {...}}`)
@@ -144,30 +145,34 @@ def make_search_tool(
         cfg = build_dataclass(SearchToolConfig, {**(cfg or {}), **options}, "search")
     elif options:
         raise TypeError(f"make_search_tool got a SearchToolConfig and options {sorted(options)}; pass one or the other")
-    from agentenv.tools.search.local import LocalSearchTool
+    from agentenv.tools.search.local import LocalSearchTool, Retriever
+
+    corpus = cast(str, cfg.corpus)  # __post_init__ requires one for local, replay and dense (unused by the others)
+    tool: Tool
+    retriever: Retriever
 
     if limiter is None and cfg.rate is not None:
         limiter = TokenBucket(cfg.rate, cfg.burst)
     if cfg.provider == "local":
         from agentenv.tools.search.bm25 import BM25Retriever
 
-        retriever = BM25Retriever.from_corpus(cfg.corpus, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b)
+        retriever = BM25Retriever.from_corpus(corpus, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b)
         tool = LocalSearchTool(retriever, k=cfg.k, max_chars=cfg.max_chars, provider="local")
     elif cfg.provider == "replay":
         from agentenv.tools.search.replay import ReplaySearchTool
 
         tool = ReplaySearchTool.from_file(
-            cfg.corpus, k=cfg.k, max_chars=cfg.max_chars, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b
+            corpus, k=cfg.k, max_chars=cfg.max_chars, index_dir=cfg.index_dir, k1=cfg.bm25_k1, b=cfg.bm25_b
         )
     elif cfg.provider == "dense":
         from agentenv.tools.search.dense import DenseRetriever
 
-        retriever = DenseRetriever.from_corpus(cfg.corpus, model=cfg.model, index_dir=cfg.index_dir)
+        retriever = DenseRetriever.from_corpus(corpus, model=cfg.model, index_dir=cfg.index_dir)
         tool = LocalSearchTool(retriever, k=cfg.k, max_chars=cfg.max_chars, provider="dense")
     else:
         from agentenv.tools.search.http import RetryPolicy
 
-        common = dict(
+        common: dict[str, Any] = dict(
             k=cfg.k,
             max_chars=cfg.max_chars,
             show_url=cfg.show_url,

@@ -18,7 +18,7 @@ def make_model(cfg: TinyBuildConfig, tokenizer: Any) -> Any:
     """A randomly initialised `Qwen2ForCausalLM` (fp32, tied embeddings, head_dim 64)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    mcfg = Qwen2Config(
+    mcfg = Qwen2Config(  # type: ignore[call-arg]  # head_dim and rope_theta are taken through **kwargs (not in the stubbed signature)
         vocab_size=len(tokenizer),  # exactly the tokenizer: no id the env would reject can be sampled
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,

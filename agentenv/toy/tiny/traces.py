@@ -149,7 +149,8 @@ def make_tools(corpus_path: str | Path, search_k: int) -> list[Any]:
 
 
 def make_env(tools: list[Any], tokenizer: Any, max_result_tokens: int, max_context_tokens: int) -> Any:
-    from agentenv.envs.agent_env import AgentEnv, AgentEnvConfig
+    from agentenv.envs.agent_env import AgentEnv
+    from agentenv.envs.config import AgentEnvConfig
 
     cfg = AgentEnvConfig(max_result_tokens=max_result_tokens, max_context_tokens=max_context_tokens)
     return AgentEnv(tools, tokenizer, config=cfg)
