@@ -289,7 +289,7 @@ def _check_agent(cfg: RunConfig) -> None:
     from agentenv.algorithms import get_algorithm
     from agentenv.rollout.endpoint.agent import TREE_REFUSAL, load_agent
 
-    load_agent(cfg.rollout.agent)  # type: ignore[arg-type]
+    load_agent(cfg.rollout.agent)  # type: ignore[arg-type]  # set: the caller checks only when rollout.agent is
     if get_algorithm(cfg.algorithm.name).grows_trees:
         raise ConfigError("rollout.agent", f"cannot train with algorithm {cfg.algorithm.name!r}: {TREE_REFUSAL}")
 

@@ -12,7 +12,7 @@ import math
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.tasks.task import Task
@@ -28,6 +28,31 @@ TOOL_ERROR_KINDS: tuple[ToolErrorKind, ...] = ("timeout", "sandbox", "http", "re
 TOOL_FAULT_KINDS: tuple[ToolErrorKind, ...] = ("timeout", "sandbox", "http", "refused", "error")
 """The kinds that say a tool did not do its job (all but `agent`): these are counted as tool failures."""
 
+
+
+class Tokenizer(Protocol):
+    """The tokenizer surface agentenv calls; a transformers tokenizer (`PreTrainedTokenizerBase`) is one.
+
+    Text to ids and back, without adding or cleaning up special tokens where
+    the caller says so; the chat template for prompts; the ids that end or pad
+    a sequence.
+    """
+
+    @property
+    def eos_token_id(self) -> Any: ...
+
+    @property
+    def pad_token_id(self) -> Any: ...
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def convert_tokens_to_ids(self, tokens: Any) -> Any: ...
+
+    def __len__(self) -> int: ...
 
 @dataclass(frozen=True)
 class SamplingParams:

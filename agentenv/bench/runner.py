@@ -276,7 +276,7 @@ def plan_runs(bench: BenchConfig, specs: list[RunSpec]) -> tuple[list[PlannedRun
     out = []
     for spec, status, why in planned:
         est = 0.0 if status == "reuse" else estimate_run_s(spec, finished, bench.probe)[0]
-        out.append(PlannedRun(spec, status, why, est))  # type: ignore[arg-type]
+        out.append(PlannedRun(spec, status, why, est))  # type: ignore[arg-type]  # status is "reuse" or "redo" (the Literal)
     return out, finished
 
 

@@ -39,7 +39,7 @@ from agentenv.loader import build_dataclass
 from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
-from agentenv.types import Generation, PolicyText, Segment, Trajectory
+from agentenv.types import Generation, PolicyText, Segment, Tokenizer, Trajectory
 
 # reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
@@ -100,7 +100,7 @@ class AgentEnv(gymnasium.Env):
     def __init__(
         self,
         tools: Sequence[Tool],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         reward_fn: RewardFn | None = None,
         config: AgentEnvConfig | Mapping[str, Any] | None = None,
         tasks: Sequence[Task] | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from agentenv.errors import ConfigError
-from agentenv.types import Segment
+from agentenv.types import Segment, Tokenizer
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -64,14 +64,14 @@ class ChatTemplate:
         tools: Function schemas given to the template as `tools` (None: not given).
     """
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     template: str | None = None
     name: str = ""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
 
     @classmethod
-    def from_config(cls, tokenizer: Any, spec: str | None, kwargs: Mapping[str, Any]) -> ChatTemplate:
+    def from_config(cls, tokenizer: Tokenizer, spec: str | None, kwargs: Mapping[str, Any]) -> ChatTemplate:
         template, name = load_chat_template(spec)
         if name is None:
             name = f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"

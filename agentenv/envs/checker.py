@@ -120,7 +120,7 @@ def check_agent_env(
     if env.done:
         try:
             env.step(actions[-1])
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - any type will do; the message is checked below
             assert "reset" in str(e), f"step after the end raised {type(e).__name__} without telling to reset: {e}"
         else:
             raise AssertionError("step after the episode ended must raise; it returned")

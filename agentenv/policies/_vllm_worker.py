@@ -182,13 +182,13 @@ class EntropySampler:
     _agentenv_scores_are_logprobs = False  # set per vLLM sampler class by `install_entropy_sampler`
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
-        sampled, scores = super().sample(*args, **kwargs)  # type: ignore[misc]
+        sampled, scores = super().sample(*args, **kwargs)  # type: ignore[misc]  # a mixin: vLLM's Sampler is the next class
         self._agentenv_scores = scores
         return sampled, scores
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._agentenv_scores = None
-        out = super().__call__(*args, **kwargs)  # type: ignore[misc]
+        out = super().__call__(*args, **kwargs)  # type: ignore[misc]  # a mixin: vLLM's Sampler is the next class
         scores, self._agentenv_scores = self._agentenv_scores, None
         lp = out.logprobs_tensors
         if lp is not None and scores is not None and scores.shape[0] == lp.selected_token_ranks.shape[0]:

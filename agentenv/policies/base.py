@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from agentenv.types import Generation, SamplingParams
+from agentenv.types import Generation, SamplingParams, Tokenizer
 
 
 @runtime_checkable
@@ -18,7 +18,7 @@ class Policy(Protocol):
     the sampling temperature).
     """
 
-    tokenizer: Any
+    tokenizer: Tokenizer
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 

@@ -50,7 +50,7 @@ class ScriptedPolicy:
         self.tokenizer = tokenizer
         self._fn: Callable[[list[int]], str] | None = turns if callable(turns) else None
         self._turn_ids: list[list[int]] = (
-            [] if self._fn is not None else [self._encode(t) for t in turns]  # type: ignore[union-attr]
+            [] if self._fn is not None else [self._encode(t) for t in turns]  # type: ignore[union-attr]  # not callable here: a list of turns
         )
         self.delay_s = delay_s
         self.calls = 0
@@ -101,7 +101,7 @@ class ScriptedPolicy:
 
     @staticmethod
     def _gen(ids: list[int], finish: str, stop: str | None = None) -> Generation:
-        return Generation(list(ids), [0.0] * len(ids), [0.0] * len(ids), finish, stop)  # type: ignore[arg-type]
+        return Generation(list(ids), [0.0] * len(ids), [0.0] * len(ids), finish, stop)  # type: ignore[arg-type]  # finish is one of the FinishReason literals by the callers
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Nothing to load: the script is the policy."""

@@ -340,7 +340,7 @@ class RolloutEngine:
             ep_seed = derive_seed(seed, i)
             try:
                 env = make_env()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a broken factory fails this episode, not the group
                 return Trajectory(
                     task_id=task.id, finish_reason="error", failed=True,
                     error=f"make_env failed: {type(e).__name__}: {e}", info={"seed": ep_seed},

@@ -57,7 +57,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
@@ -314,9 +314,17 @@ def math_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rew
 
 
 RewardFn = Callable[[str, Task, Mapping[str, int]], Any]
+"""What a user registers: (response, task, tool calls by name) -> a `RewardResult`, (score, correct) or an object with `.score`."""
 
 
-def _as_reward(fn: Any, key: str) -> RewardFn:
+@runtime_checkable
+class Reward(Protocol):
+    """A reward as the env calls it (`get_reward` adapts every registered `RewardFn` to one)."""
+
+    def __call__(self, response: str, task: Task, tool_calls: Mapping[str, int], /) -> RewardResult: ...
+
+
+def _as_reward(fn: Any, key: str) -> Reward:
     """A reward function whose result is always a `RewardResult`."""
     if not callable(fn):
         raise ConfigError(key, f"{fn!r} is not a reward function (response, task, tool_calls) -> score")
@@ -325,7 +333,7 @@ def _as_reward(fn: Any, key: str) -> RewardFn:
         return as_reward_result(fn(response, task, tool_calls))
 
     reward.__name__ = getattr(fn, "__name__", "reward")
-    reward.__wrapped__ = fn  # type: ignore[attr-defined]
+    reward.__wrapped__ = fn  # type: ignore[attr-defined]  # functools' convention: the user's function behind the adapter
     return reward
 
 
@@ -342,7 +350,7 @@ def as_reward_result(r: Any) -> RewardResult:
     raise TypeError(f"a reward must return a RewardResult, an object with .score and .correct, or (score, correct); got {r!r}")
 
 
-REWARDS: Registry[RewardFn] = Registry("reward", "env.reward", group="agentenv.rewards", adapt=_as_reward)
+REWARDS: Registry[Reward] = Registry("reward", "env.reward", group="agentenv.rewards", adapt=_as_reward)
 """Reward functions by the name a config gives (`env.reward`)."""
 
 
@@ -351,7 +359,7 @@ def register_reward(name: str, fn: RewardFn | str, *, overwrite: bool = False) -
     REWARDS.register(name, fn, overwrite=overwrite)
 
 
-def get_reward(name: str) -> RewardFn:
+def get_reward(name: str) -> Reward:
     """The reward function called `name` (registered, an entry point, or `module:attr`).
 
     Raises:
@@ -372,6 +380,7 @@ __all__ = [
     "MULTI_TOOL_BONUS",
     "RESULT_TAG",
     "REWARDS",
+    "Reward",
     "RewardFn",
     "RewardResult",
     "arpo_reward",

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentenv.errors import ConfigError
 from agentenv.loader import check_number, rest_field
@@ -34,7 +34,16 @@ from agentenv.tasks.task import Ability, Task, balanced_subset
 TASK_SOURCES: Registry[Part] = Registry("task source", "env.tasks.source", group="agentenv.task_sources", adapt=as_part)
 
 
-def register_task_source(name: str, factory: Any, config_cls: Any = None, *, overwrite: bool = False) -> None:
+@runtime_checkable
+class TaskSource(Protocol):
+    """A task source's factory: its validated config (an instance of the source's config class) -> the run's tasks."""
+
+    def __call__(self, config: Any, /) -> TaskSet | list[Task]: ...
+
+
+def register_task_source(
+    name: str, factory: TaskSource | str, config_cls: type | str | None = None, *, overwrite: bool = False
+) -> None:
     """Register a task source: `factory(config) -> TaskSet | list[Task]`, options checked by `config_cls`."""
     TASK_SOURCES.register(name, Part(factory, config_cls), overwrite=overwrite)
 
@@ -80,7 +89,7 @@ class TasksConfig:
     @property
     def source_config(self) -> Any:
         """The source's validated options."""
-        return self._config  # type: ignore[attr-defined]
+        return self._config  # type: ignore[attr-defined]  # set in __post_init__ on the frozen config, not a field
 
     def tool_defaults(self) -> dict[str, dict[str, Any]]:
         """Options the source fills in for tools, by tool name (e.g. the toy corpus for `search`)."""
@@ -95,7 +104,7 @@ class TasksConfig:
                 (the message names the file and the row).
         """
         try:
-            out = self._part.make(self.source_config)  # type: ignore[attr-defined]
+            out = self._part.make(self.source_config)  # type: ignore[attr-defined]  # set in __post_init__ on the frozen config
         except (FileNotFoundError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise
@@ -350,6 +359,7 @@ __all__ = [
     "HFTasksConfig",
     "TASK_SOURCES",
     "TaskSet",
+    "TaskSource",
     "TasksConfig",
     "gsm8k_answer",
     "hf_tasks",

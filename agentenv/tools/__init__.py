@@ -1,6 +1,6 @@
 """Tools: plain async services (python sandbox, search, browser). No RL inside."""
 
-from agentenv.tools.base import Tool
+from agentenv.tools.base import HealthChecked, Tool
 from agentenv.types import ToolResult
 
-__all__ = ["Tool", "ToolResult"]
+__all__ = ["HealthChecked", "Tool", "ToolResult"]

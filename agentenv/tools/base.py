@@ -29,6 +29,13 @@ class Tool(Protocol):
     (`hermes`): `description` (what the tool does) and `schema` (the JSON schema
     of its arguments, an object). A tool without them takes one string `query`
     (see `tool_schema`).
+
+    Optional hook: `async health_check() -> None` (see `HealthChecked`), run on
+    the prototype before a run's first step (`Runtime.health_check`): it warms
+    what the tool needs (a sandbox pool's containers, a retriever's index) and
+    raises `ToolError` when the tool cannot answer. A tool without it is fine:
+    there is nothing to warm. It is not a member of this Protocol, so
+    `isinstance(x, Tool)` does not ask for it.
     """
 
     name: str
@@ -40,6 +47,13 @@ class Tool(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class HealthChecked(Protocol):
+    """A tool's optional hook: warm up and prove it answers, or raise `ToolError` (see `Tool`)."""
+
+    async def health_check(self) -> None: ...
 
 
 # --------------------------------------------------------------------------- schemas for chat formats

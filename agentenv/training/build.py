@@ -7,17 +7,20 @@ heavy is imported here, inside functions, when a config asks for it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentenv.configs import RunConfig
 from agentenv.envs.config import AgentEnvConfig
+from agentenv.envs.episode import MakeEnv
 from agentenv.errors import ConfigError, ToolError
 from agentenv.policies.backends import build_policy
+from agentenv.policies.base import Policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.tasks.sources import TaskSet
+from agentenv.tools.base import Tool
+from agentenv.types import Tokenizer
 
 _CLOSE_TIMEOUT_S = 120.0
 """Bound on closing one prototype tool (a sandbox pool removes its containers)."""
@@ -49,7 +52,7 @@ def check_output_dir(path: str | Path) -> None:
         raise ConfigError("trainer.output_dir", f"{str(out)!r} is not writable ({e.strerror or e})") from None
 
 
-def check_prompts_fit(tasks: TaskSet, tokenizer: Any, max_context_tokens: int) -> None:
+def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: int) -> None:
     """Every prompt must leave the policy room in `env.max_context_tokens`.
 
     Otherwise every such episode fails at its reset, and a run whose prompts
@@ -98,7 +101,7 @@ def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
     return out
 
 
-def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Any], tokenizer: Any) -> Callable[[], Any]:
+def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Tool], tokenizer: Tokenizer) -> MakeEnv:
     """A zero-argument callable returning a fresh AgentEnv over the prototype tools."""
     from agentenv.envs import AgentEnv
 
@@ -116,11 +119,11 @@ class Runtime:
     """Everything a run needs besides the trainable model."""
 
     model_path: str
-    tokenizer: Any
-    policy: Any
-    tools: dict[str, Any]
+    tokenizer: Tokenizer
+    policy: Policy
+    tools: dict[str, Tool]
     tasks: TaskSet
-    make_env: Callable[[], Any]
+    make_env: MakeEnv
     extras: dict[str, Any] = field(default_factory=dict)
     agent: Any = None  # `rollout.agent`'s AgentRunner (agentenv.rollout.endpoint.agent), None without one
 
@@ -138,7 +141,7 @@ class Runtime:
         from agentenv.envs.toolloop import run_on_tool_loop
 
         for name, tool in self.tools.items():
-            check = getattr(tool, "health_check", None)  # optional: a tool with nothing to warm has none
+            check = getattr(tool, "health_check", None)  # optional (`HealthChecked`): a tool with nothing to warm has none
             if check is None:
                 continue
             try:
@@ -181,7 +184,7 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     return rt
 
 
-def build_agent_runner(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_agent_runner(cfg: RunConfig, tokenizer: Tokenizer) -> Any:
     """The runner of `rollout.agent`: the endpoint over the policy, rendering with the env's chat template."""
     from agentenv.envs.chat import ChatTemplate
     from agentenv.rollout.endpoint.agent import AgentRunner

@@ -226,7 +226,7 @@ def _check_rng(ckpt: Path) -> str | None:
     for path in sorted(ckpt.glob("random_states_*.pkl")):
         try:
             states = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt checkpoint: say which file
             return f"{path.name} does not unpickle ({type(e).__name__}: {str(e)[:200]})"
         ok = (
             isinstance(states, dict)

@@ -101,7 +101,7 @@ class EngineLog:
                 continue
             self._saved.append((logger, list(logger.handlers), logger.propagate))
             handler = logging.StreamHandler(self._file)
-            handler._agentenv_engine_log = True  # type: ignore[attr-defined]
+            handler._agentenv_engine_log = True  # type: ignore[attr-defined]  # our marker on a stdlib handler
             handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
             logger.handlers = [handler]
             logger.propagate = False

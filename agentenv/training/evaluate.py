@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from agentenv.envs.episode import MakeEnv
+from agentenv.policies.base import Policy
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.toolstats import ToolStats
 from agentenv.tasks.task import Task
@@ -95,8 +97,8 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
 
 
 async def evaluate(
-    policy: Any,
-    make_env: Callable[[], Any],
+    policy: Policy,
+    make_env: MakeEnv,
     tasks: Sequence[Task],
     *,
     samples: int,

@@ -33,7 +33,7 @@ from agentenv.policies.models import resolve_model_path
 from agentenv.rollout import derive_seed
 from agentenv.rollout.engine import failed_group
 from agentenv.rollout.toolstats import ToolStats
-from agentenv.tasks.task import balanced_subset
+from agentenv.tasks.task import Task, balanced_subset
 from agentenv.training import checkpoint as ckpt
 from agentenv.training import sharding
 from agentenv.training.batching import chunks, collate
@@ -201,7 +201,7 @@ class Trainer:
         return self.loop.run_until_complete(coro)
 
     # ------------------------------------------------------------------ one step
-    async def rollout(self, tasks: list[Any], step: int, indices: list[int], round_: int = 0) -> list[Group]:
+    async def rollout(self, tasks: list[Task], step: int, indices: list[int], round_: int = 0) -> list[Group]:
         """One group per task; task `indices` (positions in the global batch) seed the samples, and
         `round_`, the step's extra sampling round (dynamic sampling), so that its seeds differ from the first's.
 
@@ -214,7 +214,7 @@ class Trainer:
             sampler = self.rt.agent.sampler(self.algorithm.group_size())
         params = self.cfg.policy.sampling_params()
 
-        async def one(j: int, task: Any) -> Group:
+        async def one(j: int, task: Task) -> Group:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j], *((round_,) if round_ else ()))
             try:
                 return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
@@ -227,7 +227,7 @@ class Trainer:
         """The algorithm's dynamic sampling (DAPO; `Algorithm.resample`), with this step's rollout, the task
         stream (the tasks it draws join `last_batch_ids`) and the sum over processes."""
 
-        def rollout(tasks: list[Any], indices: list[int], round_: int) -> list[Group]:
+        def rollout(tasks: list[Task], indices: list[int], round_: int) -> list[Group]:
             return self.run(self.rollout(tasks, step, indices, round_=round_))
 
         def draw(n: int) -> list[Any]:

@@ -35,10 +35,12 @@ from typing import Any
 
 from agentenv.algorithms.arpo.branching import entropy_scale, fork_count, should_branch, window_entropy
 from agentenv.algorithms.arpo.config import ARPOConfig
+from agentenv.envs.episode import MakeEnv
+from agentenv.policies.base import Policy
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.engine import Episode, close_quietly, derive_seed, play_to_end
 from agentenv.tasks.task import Task
-from agentenv.types import Generation, Group, SamplingParams, Trajectory
+from agentenv.types import Generation, Group, SamplingParams, Tokenizer, Trajectory
 
 # seed streams of branches and branch decisions (3 or 4 parts: never a root's 2-part seed)
 _BRANCH, _DECIDE = 3, 4
@@ -71,7 +73,7 @@ class TreeSampler:
         self.rollout = rollout or RolloutConfig()
         self._in_flight = asyncio.Semaphore(self.rollout.max_concurrency)
 
-    async def sample(self, policy: Any, make_env: Any, task: Task, params: SamplingParams, seed: int) -> Group:
+    async def sample(self, policy: Policy, make_env: MakeEnv, task: Task, params: SamplingParams, seed: int) -> Group:
         """The M trajectories of `task` (initial paths, branches, fills, in the order they started).
 
         `Group.info` holds `generated_tokens` (policy tokens actually
@@ -88,8 +90,8 @@ class _Tree:
         self,
         cfg: ARPOConfig,
         rollout: RolloutConfig,
-        policy: Any,
-        make_env: Any,
+        policy: Policy,
+        make_env: MakeEnv,
         task: Task,
         params: SamplingParams,
         seed: int,
@@ -232,7 +234,7 @@ class _Tree:
             "token": node,
             "h_initial": path.h_initial,
             "h_t": h_t,
-            "delta_h": (h_t - path.h_initial) / self.scale(),  # type: ignore[operator]
+            "delta_h": (h_t - path.h_initial) / self.scale(),  # type: ignore[operator]  # h_initial is set before any branch decision
             "branch": wanted > 0,
             "forks_wanted": wanted,
             "forks": n,
@@ -273,7 +275,7 @@ def fork_draws(cfg: ARPOConfig, seed: int, tool_result: int) -> list[float]:
     return [random.Random(derive_seed(seed, _DECIDE, tool_result, *k)).random() for k in keys]
 
 
-def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...], tokenizer: Any) -> Generation:
+def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...], tokenizer: Tokenizer) -> Generation:
     """End a continued turn at a stop string that began in its prefix.
 
     The policy checks stop strings only in what it generated, so one split by

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
 from agentenv.algorithms.core import Estimator, aggregate, broadcast, get_estimator, group_scalars, policy_loss
 from agentenv.algorithms.grpo.config import GRPOConfig
+from agentenv.envs.episode import MakeEnv
+from agentenv.policies.base import Policy
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.engine import RolloutEngine
+from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 
 
@@ -30,7 +33,7 @@ class IndependentSampler:
         self.rollout = rollout or RolloutConfig()
         self._engine: RolloutEngine | None = None
 
-    async def sample(self, policy: Any, make_env: Any, task: Any, params: SamplingParams, seed: int) -> Group:
+    async def sample(self, policy: Policy, make_env: MakeEnv, task: Task, params: SamplingParams, seed: int) -> Group:
         if self._engine is None or self._engine.policy is not policy:
             self._engine = RolloutEngine(policy, self.rollout)
         return await self._engine.run_group(make_env, task, self.n, params, seed)

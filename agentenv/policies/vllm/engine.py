@@ -13,7 +13,7 @@ from agentenv.policies.vllm.config import _EXTENSION, VLLMPolicyConfig
 def _import_vllm() -> None:
     """Import vLLM's engine or say how to fix the environment."""
     try:
-        import vllm.v1.engine.async_llm  # noqa: F401
+        import vllm.v1.engine.async_llm  # noqa: F401 - imported only to see whether vLLM's engine loads
     except ImportError as exc:
         raise InfraError(
             "the vllm backend needs vLLM: `pip install 'agentenv[vllm]'` on a GPU machine, "

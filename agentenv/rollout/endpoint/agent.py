@@ -24,7 +24,9 @@ from collections import Counter
 from typing import Any
 
 from agentenv.envs.chat import ChatTemplate
+from agentenv.envs.episode import MakeEnv
 from agentenv.errors import ConfigError
+from agentenv.policies.base import Policy
 from agentenv.registry import load_import_path
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.config import EndpointConfig
@@ -100,7 +102,7 @@ class AgentRunner:
         return openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=key, max_retries=0, http_client=self._http,
                                   timeout=self.rollout.generation_limit_s)  # fmt: skip
 
-    async def run_episode(self, policy: Any, task: Task, params: SamplingParams, seed: int) -> list[Trajectory]:
+    async def run_episode(self, policy: Policy, task: Task, params: SamplingParams, seed: int) -> list[Trajectory]:
         """One episode of the agent: its trajectories, scored (failed ones masked). Never raises for the agent's faults."""
         await self.start()
         assert self._sem is not None
@@ -153,7 +155,7 @@ class AgentRunner:
         score = float(result)
         return score, {"score": score, "correct": score > 0, "format_ok": True}
 
-    async def run_group(self, policy: Any, task: Task, n: int, params: SamplingParams, seed: int) -> Group:
+    async def run_group(self, policy: Policy, task: Task, n: int, params: SamplingParams, seed: int) -> Group:
         """`n` episodes of `task`; episode i has seed `derive_seed(seed, i)`."""
         t0 = time.monotonic()
         eps = await asyncio.gather(*(self.run_episode(policy, task, params, derive_seed(seed, i)) for i in range(n)))
@@ -191,5 +193,5 @@ class AgentSampler:
         self.runner = runner
         self.n = n
 
-    async def sample(self, policy: Any, make_env: Any, task: Any, params: SamplingParams, seed: int) -> Group:
+    async def sample(self, policy: Policy, make_env: MakeEnv, task: Task, params: SamplingParams, seed: int) -> Group:
         return await self.runner.run_group(policy, task, self.n, params, seed)

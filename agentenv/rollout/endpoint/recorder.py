@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agentenv.envs.chat import ChatTemplate
+from agentenv.policies.base import Policy
 from agentenv.types import Generation, SamplingParams, Segment, Trajectory, _new_uid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -172,7 +173,7 @@ class EpisodeRecord:
         max_context_tokens: Most tokens of one trajectory (prompt and completion).
     """
 
-    def __init__(self, key: str, chat: ChatTemplate, policy: Any, params: SamplingParams, seed: int,
+    def __init__(self, key: str, chat: ChatTemplate, policy: Policy, params: SamplingParams, seed: int,
                  max_context_tokens: int):  # fmt: skip
         self.key = key
         self.chat = chat

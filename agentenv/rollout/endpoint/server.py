@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from agentenv.envs.chat import ChatTemplate
+from agentenv.policies.base import Policy
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.endpoint.recorder import EpisodeRecord, RequestError, parse_tool_calls
 from agentenv.types import SamplingParams
@@ -84,7 +85,7 @@ class Endpoint:
         site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
         self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # aiohttp's private server: set once start() returned
         return self
 
     @property
@@ -105,7 +106,7 @@ class Endpoint:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
-    def open_episode(self, policy: Any, params: SamplingParams, seed: int) -> EpisodeRecord:
+    def open_episode(self, policy: Policy, params: SamplingParams, seed: int) -> EpisodeRecord:
         """A new episode with its own random key (`record.key`)."""
         key = "ae-" + secrets.token_urlsafe(24)
         rec = EpisodeRecord(key, self.chat, policy, params, seed, self.max_context_tokens)

@@ -136,7 +136,7 @@ class ServerProcess:
             holder.cancel()
             try:
                 await holder
-            except BaseException:  # noqa: BLE001
+            except BaseException:  # noqa: BLE001 - the cancelled session's own error: it is going anyway
                 pass
 
     async def restart(self) -> None:

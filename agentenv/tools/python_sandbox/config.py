@@ -128,7 +128,7 @@ class PythonSandboxConfig:
         if self.workdir_size_mb >= self.memory_mb:
             raise ConfigError(
                 f"{_KEY}.workdir_size_mb",
-                f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",  # noqa: E501
+                f"{self.workdir_size_mb} MiB must be below memory_mb {self.memory_mb} MiB (the tmpfs counts against it)",
             )
         if isinstance(self.preload, str):
             object.__setattr__(self, "preload", (self.preload,))

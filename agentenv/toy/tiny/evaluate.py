@@ -49,7 +49,7 @@ async def evaluate_policy(
         fmt[kind].append(float(bool(reward.get("format_ok", False))))
         calls[kind].append(float(traj.num_tool_calls))
         failed += traj.failed
-    mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
+    mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731 - a one-line helper local to this report
     return {
         "accuracy": {k: mean(v) for k, v in correct.items()},
         "format_ok": {k: mean(v) for k, v in fmt.items()},
