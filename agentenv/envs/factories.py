@@ -19,6 +19,7 @@ from agentenv.registry import as_part
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.tools.registry import get_tool
+from agentenv.types import Tokenizer
 
 
 def _default_tokenizer() -> Any:
@@ -29,7 +30,7 @@ def _default_tokenizer() -> Any:
 
 def make_agent_env(
     tools: Sequence[Tool] = (),
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     reward_fn: RewardFn | None = None,
     config: AgentEnvConfig | Mapping[str, Any] | None = None,
     tasks: Sequence[Task] | None = None,
@@ -78,7 +79,7 @@ def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None
 
 def make_tool_env(
     tool: str | Callable[..., Tool],
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     env_config: ToolEnvConfig | Mapping[str, Any] | None = None,
     **tool_options: Any,
 ) -> ToolEnv:

@@ -28,7 +28,7 @@ from agentenv.envs.parsing import ParsedTurn, parse_turn
 from agentenv.envs.results import ResultFormatter
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
-from agentenv.types import Segment
+from agentenv.types import Segment, Tokenizer
 
 Messages = list[dict[str, Any]]
 
@@ -86,7 +86,7 @@ class BoundFormat(Protocol):
 class ToolFormat(Protocol):
     """A tool-call format: `bind(tokenizer, config, tools)` gives the env its `BoundFormat`."""
 
-    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> BoundFormat: ...
+    def bind(self, tokenizer: Tokenizer, config: Any, tools: Mapping[str, Any]) -> BoundFormat: ...
 
 
 # --------------------------------------------------------------------------- tags (ARPO)
@@ -97,11 +97,11 @@ class TagFormat:
     the chat template, everything after it is the policy's text and the results.
     """
 
-    def result_formatter(self, tokenizer: Any, template: str, marker: str) -> ResultFormatter:
+    def result_formatter(self, tokenizer: Tokenizer, template: str, marker: str) -> ResultFormatter:
         """How a result's text becomes tokens (override to show results differently)."""
         return ResultFormatter(tokenizer, template, marker)
 
-    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> TagTurns:
+    def bind(self, tokenizer: Tokenizer, config: Any, tools: Mapping[str, Any]) -> TagTurns:
         return TagTurns(self, tokenizer, config, tools)
 
 
@@ -110,7 +110,7 @@ class TagTurns:
 
     eos_ends_turn = False
 
-    def __init__(self, fmt: TagFormat, tokenizer: Any, config: Any, tools: Mapping[str, Any]):
+    def __init__(self, fmt: TagFormat, tokenizer: Tokenizer, config: Any, tools: Mapping[str, Any]):
         self.chat = ChatTemplate.from_config(tokenizer, config.chat_template, config.chat_template_kwargs)
         self.tool_names = tuple(tools)
         self.stop_strings = tuple(f"</{name}>" for name in self.tool_names) + ("</answer>",)

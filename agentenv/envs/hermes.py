@@ -41,7 +41,7 @@ from agentenv.envs.results import ResultFormatter
 from agentenv.errors import ConfigError
 from agentenv.tasks.prompts import is_prefilled
 from agentenv.tools.base import query_from_arguments, tool_schema
-from agentenv.types import Segment
+from agentenv.types import Segment, Tokenizer
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TAG_RE = re.compile(r"<(/?)(tool_call|answer)>")
@@ -141,7 +141,7 @@ def parse_hermes(text: str, tools: Mapping[str, Any]) -> ParsedTurn:
 class HermesFormat:
     """The `hermes` tool-call format (see the module docstring)."""
 
-    def bind(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]) -> HermesTurns:
+    def bind(self, tokenizer: Tokenizer, config: Any, tools: Mapping[str, Any]) -> HermesTurns:
         return HermesTurns(tokenizer, config, tools)
 
 
@@ -151,7 +151,7 @@ class HermesTurns:
     eos_ends_turn = True
     stop_strings = (CALL_CLOSE, "</answer>")
 
-    def __init__(self, tokenizer: Any, config: Any, tools: Mapping[str, Any]):
+    def __init__(self, tokenizer: Tokenizer, config: Any, tools: Mapping[str, Any]):
         self.chat = ChatTemplate.from_config(tokenizer, config.chat_template, config.chat_template_kwargs)
         if not self.chat.available:
             raise ConfigError(

@@ -32,7 +32,7 @@ from agentenv.envs.toolloop import run_on_tool_loop
 from agentenv.errors import ConfigError, ToolError
 from agentenv.loader import check_number
 from agentenv.tools.base import Tool
-from agentenv.types import ToolResult, clean_text
+from agentenv.types import Tokenizer, ToolResult, clean_text
 
 DEFAULT_RESULT_TEMPLATE = "<result>\n{text}\n</result>"
 DEFAULT_TRUNCATION_MARKER = "\n...[truncated]"
@@ -58,7 +58,7 @@ def validate_result_fields(
     check_number(f"{prefix}.tool_timeout_s", tool_timeout_s)
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of plain text: no added special tokens, special-token strings split.
 
     Falls back to a plain encode for tokenizers without `split_special_tokens`.
@@ -74,7 +74,7 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 ZWSP = "\u200b"
 
 
-def special_strings(tokenizer: Any) -> list[str]:
+def special_strings(tokenizer: Tokenizer) -> list[str]:
     """The tokenizer's special-token strings (longest first), which a tool's text must not spell."""
     specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
     for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
@@ -101,7 +101,7 @@ class ResultFormatter:
         marker: Appended to a cut text, e.g. `\\n...[truncated]`.
     """
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     template: str = DEFAULT_RESULT_TEMPLATE
     marker: str = DEFAULT_TRUNCATION_MARKER
 

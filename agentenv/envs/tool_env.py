@@ -32,6 +32,7 @@ from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
 from agentenv.tools.base import Tool
+from agentenv.types import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class ToolEnv(gymnasium.Env):
     def __init__(
         self,
         tool: Tool,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         config: ToolEnvConfig | Mapping[str, Any] | None = None,
         *,
         owns_tool: bool = False,

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from agentenv.types import Generation, SamplingParams
+from agentenv.types import Generation, SamplingParams, Tokenizer
 
 TurnScript = Sequence[str] | Callable[[list[int]], str]
 
@@ -46,7 +46,7 @@ class ScriptedPolicy:
         delay_s: Sleep this long in every `generate` (simulates a slow model).
     """
 
-    def __init__(self, tokenizer: Any, turns: TurnScript, *, delay_s: float = 0.0):
+    def __init__(self, tokenizer: Tokenizer, turns: TurnScript, *, delay_s: float = 0.0):
         self.tokenizer = tokenizer
         self._fn: Callable[[list[int]], str] | None = turns if callable(turns) else None
         self._turn_ids: list[list[int]] = (

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentenv.types import Tokenizer
+
 # ARPO's system prompt, as published in its verl parquet data, with the literal
 # backspace (`\x08`) that stood where `\b` of `\boxed` was meant repaired.
 ARPO_SYSTEM_PROMPT = (
@@ -36,7 +38,7 @@ def is_prefilled(messages: Sequence[Mapping[str, str]]) -> bool:
 
 
 def render_prompt_text(
-    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+    tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
 ) -> str:
     """The prompt as text: the chat template, or a plain fallback.
 
@@ -63,7 +65,7 @@ def render_prompt_text(
 
 
 def render_prompt(
-    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
+    tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]], chat_template: str | None = None, **template_kwargs: Any
 ) -> list[int]:
     """Render chat messages to prompt token ids, ready for generation.
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentenv.errors import ToolError
-from agentenv.types import SamplingParams
+from agentenv.types import SamplingParams, Tokenizer
+
+if TYPE_CHECKING:  # tools import no policy at run time (tests/test_layering.py)
+    from agentenv.policies.base import Policy
 
 SYSTEM_PROMPT = "You read web pages for a research assistant and report only what the page says."
 NOTHING_RELEVANT = "No relevant information."
@@ -61,7 +64,7 @@ class PolicySummarizer:
         seed: Sampling seed (the same passage and goal give the same summary).
     """
 
-    def __init__(self, policy: Any, max_tokens: int = 512, input_tokens: int = 3072, temperature: float = 0.0, seed: int = 0):
+    def __init__(self, policy: Policy, max_tokens: int = 512, input_tokens: int = 3072, temperature: float = 0.0, seed: int = 0):
         self.policy = policy
         self.tokenizer = policy.tokenizer
         self.params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
@@ -117,7 +120,7 @@ class PolicySummarizer:
         return clean_summary(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
 
 
-def _encode(tok: Any, text: str) -> list[int]:
+def _encode(tok: Tokenizer, text: str) -> list[int]:
     # verbose=False: a page longer than the model's context is expected here (it is cut next).
     try:
         return tok.encode(text, add_special_tokens=False, verbose=False)

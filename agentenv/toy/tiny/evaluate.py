@@ -6,15 +6,17 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+from agentenv.policies.base import Policy
 from agentenv.tasks.task import Task
-from agentenv.types import SamplingParams
+from agentenv.tools.base import Tool
+from agentenv.types import SamplingParams, Tokenizer
 
 
 async def evaluate_policy(
-    policy: Any,
+    policy: Policy,
     tasks: list[Task],
-    tools: list[Any],
-    tokenizer: Any,
+    tools: list[Tool],
+    tokenizer: Tokenizer,
     *,
     temperature: float,
     max_turn_tokens: int,
