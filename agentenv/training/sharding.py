@@ -78,8 +78,9 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     from peft import get_peft_model
 
     peft_cfg = PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft types it int; it scales by alpha / r and takes a float lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-        bias="none", task_type="CAUSAL_LM",
+        r=cfg.r,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft types it int; it scales by alpha / r and takes a float
+        lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM",
     )  # fmt: skip
     try:
         return get_peft_model(model, peft_cfg)
