@@ -4,7 +4,8 @@
 I/O, the vLLM engine, the tools' loop). `HeartbeatLoopThread` adds a heartbeat
 so a caller can see that something blocked the loop, and retires itself once
 drained. `refuse_inside_loop`: the one guard for synchronous entry points that
-would block (or deadlock) a running event loop.
+would block (or deadlock) a running event loop. `gather_settled`: `asyncio.gather`
+that never returns while a child still runs its cleanup.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -38,6 +41,30 @@ def refuse_inside_loop(message: str, coro: Coroutine[Any, Any, Any] | None = Non
     if coro is not None:
         coro.close()
     raise RuntimeError(message)
+
+
+async def gather_settled(*aws: Awaitable[T]) -> list[T]:
+    """`asyncio.gather(*aws)`, except that it raises only once every child has finished.
+
+    `asyncio.gather` raises as soon as one child is cancelled or fails, while
+    the others may still be in their `finally` (an episode closing its
+    sandbox): a caller that then shuts down its loop leaks what they held.
+    Here, when the caller is cancelled or a child fails, the other children
+    are cancelled and awaited to their end first; then the cancellation (or
+    the first error) propagates.
+
+    Returns:
+        The children's results, in order.
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            if not t.done() and not t.cancelling():  # a second cancel would cut short its cleanup
+                t.cancel()
+        await asyncio.wait(tasks)
+        raise
 
 
 class LoopThread:

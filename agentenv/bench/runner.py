@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agentenv._loops import gather_settled
 from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_config, resolve_runs
 from agentenv.bench.results import BenchResult, Probe, RunResult
 from agentenv.bench.stats import entropy_by_position
@@ -59,7 +60,7 @@ async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> P
         tasks = balanced_subset(rt.tasks.heldout, probe.tasks)
         params = cfg.policy.sampling_params()
         # the same probe seeds for every variant of a seed: differences come from the policy
-        groups = await asyncio.gather(
+        groups = await gather_settled(
             *(
                 run_group(rt.policy, rt.make_env, t, probe.samples, params, seed=derive_seed(cfg.trainer.seed, 0xB3, i),
                           config=cfg.rollout)  # fmt: skip

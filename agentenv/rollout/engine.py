@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from agentenv._loops import gather_settled
 from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv
 from agentenv.errors import InfraError
 from agentenv.policies.base import Policy
@@ -275,9 +276,20 @@ async def play_to_end(
 
 
 async def close_quietly(ep: Episode) -> str | None:
-    """Close an episode's tools; the error's message when closing failed."""
+    """Close an episode's tools; the error's message when closing failed.
+
+    The close runs to its end (each tool's close is bounded by the tool
+    timeout) even when the caller is cancelled meanwhile; the cancellation is
+    raised after it.
+    """
+    closing = asyncio.ensure_future(ep.aclose())
     try:
-        await ep.aclose()
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await asyncio.wait([closing])
+        if not closing.cancelled():
+            closing.exception()  # retrieved: the cancellation is what the caller sees
+        raise
     except Exception as e:  # noqa: BLE001 - a close error is logged on the trajectory
         return f"{type(e).__name__}: {e}"
     return None
@@ -347,7 +359,7 @@ class RolloutEngine:
                 )  # fmt: skip
             return await self.run_episode(env, task, params, ep_seed)
 
-        trajs = await asyncio.gather(*(one(i) for i in range(n)))
+        trajs = await gather_settled(*(one(i) for i in range(n)))
         return Group(
             task=task,
             trajectories=list(trajs),

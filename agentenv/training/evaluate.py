@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from agentenv._loops import gather_settled
 from agentenv.envs.episode import MakeEnv
 from agentenv.policies.base import Policy
 from agentenv.rollout.config import RolloutConfig
@@ -120,5 +121,5 @@ async def evaluate(
                 return await sampler.sample(policy, make_env, task, params, seed * 1_000_003 + i * 7919)
             return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919, config=rollout)
 
-    groups = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+    groups = await gather_settled(*(one(i, t) for i, t in enumerate(tasks)))
     return summarize(groups)

@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from agentenv._loops import gather_settled
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
 from agentenv.algorithms.core import kl_k3
@@ -221,7 +222,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (docs/reliability.md)
                 return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
 
-        return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
+        return await gather_settled(*(one(j, t) for j, t in enumerate(tasks)))
 
     def resample(self, groups: list[Group], step: int) -> tuple[list[Group], dict[str, float]]:
         """The algorithm's dynamic sampling (DAPO; `Algorithm.resample`), with this step's rollout, the task

@@ -109,15 +109,39 @@ async def test_a_policy_raising_cancelled_error_fails_one_trajectory(tok):
     assert sum(not t.failed for t in group) == 2
 
 
-async def test_a_real_cancellation_still_propagates_and_closes_the_tools(tok):
-    proto = CounterTool("search")
-    slow = ScriptedPolicy(tok, TURNS, delay_s=5.0)
-    job = asyncio.create_task(run_group(slow, factory(tok, lambda: [proto]), make_task(), 2, PARAMS, seed=0))
-    await asyncio.sleep(0.3)
-    job.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await job
-    assert len(proto.forks) == 2 and all(f.closed for f in proto.forks)
+@pytest.mark.parametrize("after_s", [0.001, 0.01, 0.05, 0.3])
+async def test_a_real_cancellation_still_propagates_and_closes_the_tools(tok, after_s):
+    """run_group raises the cancellation only once every episode has closed its tools (asyncio.gather
+    alone returns at the first cancelled child, while its sibling is still closing: this failed 40 times
+    in 200)."""
+    for _ in range(5):
+        proto = CounterTool("search")
+        slow = ScriptedPolicy(tok, TURNS, delay_s=5.0)
+        job = asyncio.create_task(run_group(slow, factory(tok, lambda: [proto]), make_task(), 2, PARAMS, seed=0))
+        await asyncio.sleep(after_s)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert len(proto.forks) == 2 and all(f.closed for f in proto.forks)
+
+
+async def test_gather_settled_waits_for_every_child_before_raising():
+    from agentenv._loops import gather_settled
+
+    finished: list[str] = []
+
+    async def child(name: str, fail_after: float | None) -> str:
+        try:
+            await asyncio.sleep(fail_after if fail_after is not None else 10)
+            raise ValueError(name)
+        finally:
+            await asyncio.sleep(0.05)  # cleanup that itself awaits
+            finished.append(name)
+
+    with pytest.raises(ValueError, match="a"):
+        await gather_settled(child("a", 0.01), child("b", None), child("c", None))
+    assert sorted(finished) == ["a", "b", "c"]
+    assert await gather_settled(asyncio.sleep(0, "x"), asyncio.sleep(0.01, "y")) == ["x", "y"]
 
 
 async def test_a_blocking_tool_times_out_on_time_and_never_freezes_the_loop(tok):

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from agentenv._loops import gather_settled
 from agentenv.envs.chat import ChatTemplate
 from agentenv.envs.episode import MakeEnv
 from agentenv.errors import ConfigError
@@ -158,7 +159,7 @@ class AgentRunner:
     async def run_group(self, policy: Policy, task: Task, n: int, params: SamplingParams, seed: int) -> Group:
         """`n` episodes of `task`; episode i has seed `derive_seed(seed, i)`."""
         t0 = time.monotonic()
-        eps = await asyncio.gather(*(self.run_episode(policy, task, params, derive_seed(seed, i)) for i in range(n)))
+        eps = await gather_settled(*(self.run_episode(policy, task, params, derive_seed(seed, i)) for i in range(n)))
         trajs = [t for ep in eps for t in ep]
         return Group(task=task, trajectories=trajs, info={
             "seed": seed, "failed": sum(t.failed for t in trajs), "wall_s": time.monotonic() - t0, "episodes": n,
