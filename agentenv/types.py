@@ -107,6 +107,9 @@ class Generation:
     `SamplingParams.include_eos`), so appending them keeps the context exact.
     `logprobs[i]` is the sampler's log-probability of `token_ids[i]`;
     `entropies[i]` the entropy (nats) of the distribution it was sampled from.
+    `versions[i]`, when the policy versions its weights, is the weight version
+    that sampled `token_ids[i]` (a request that a weight push overtook has
+    tokens of two versions); None when the policy does not report one.
     """
 
     token_ids: list[int]
@@ -114,6 +117,7 @@ class Generation:
     entropies: list[float]
     finish_reason: FinishReason
     stop_string: str | None = None
+    versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -121,6 +125,8 @@ class Generation:
             raise ValueError(
                 f"Generation has {n} tokens but {len(self.logprobs)} logprobs and {len(self.entropies)} entropies"
             )
+        if self.versions is not None and len(self.versions) != n:
+            raise ValueError(f"Generation has {n} tokens but {len(self.versions)} versions")
 
 
 class PolicyText(str):

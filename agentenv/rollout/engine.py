@@ -48,16 +48,19 @@ def derive_seed(*parts: int) -> int:
 def concat_generations(*gens: Generation) -> Generation:
     """Join the pieces of one turn (a partial turn and its continuation).
 
-    The result's `finish_reason` and `stop_string` are those of the last piece.
+    The result's `finish_reason` and `stop_string` are those of the last piece;
+    its `versions` are the pieces' joined, or None when a piece has none.
     """
     if not gens:
         raise ValueError("concat_generations needs at least one Generation")
+    versioned = all(g.versions is not None for g in gens)
     return Generation(
         token_ids=[t for g in gens for t in g.token_ids],
         logprobs=[x for g in gens for x in g.logprobs],
         entropies=[x for g in gens for x in g.entropies],
         finish_reason=gens[-1].finish_reason,
         stop_string=gens[-1].stop_string,
+        versions=[v for g in gens for v in (g.versions or [])] if versioned else None,
     )
 
 

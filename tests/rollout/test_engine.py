@@ -180,7 +180,12 @@ def test_concat_generations():
     b = Generation([3], [-0.3], [3.0], "stop", "</search>")
     c = concat_generations(a, b)
     assert c.token_ids == [1, 2, 3] and c.logprobs == [-0.1, -0.2, -0.3] and c.entropies == [1.0, 2.0, 3.0]
-    assert c.finish_reason == "stop" and c.stop_string == "</search>"
+    assert c.finish_reason == "stop" and c.stop_string == "</search>" and c.versions is None
+    v = concat_generations(dataclasses.replace(a, versions=[3, 3]), dataclasses.replace(b, versions=[4]))
+    assert v.versions == [3, 3, 4]  # a turn that a weight push overtook keeps each token's version
+    assert concat_generations(dataclasses.replace(a, versions=[3, 3]), b).versions is None
+    with pytest.raises(ValueError, match="2 tokens but 1 versions"):
+        Generation([1, 2], [-0.1, -0.2], [1.0, 2.0], "length", versions=[1])
     with pytest.raises(ValueError):
         concat_generations()
 
