@@ -1,6 +1,7 @@
 """Rollout engine: episodes as coroutines, seeds, failures recorded, and the Episode building blocks."""
 
 import asyncio
+import dataclasses
 import math
 import time
 
