@@ -19,9 +19,12 @@ class Policy(Protocol):
     """
 
     tokenizer: Tokenizer
+    weight_version: int
+    """The version of the weights it samples with: 0 as built, one more per `load_weights`.
+    Every `Generation` reports it per token (`Generation.versions`)."""
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Take the trainer's new weights (name -> tensor)."""
+        """Take the trainer's new weights (name -> tensor); `weight_version` goes up by one."""
         ...

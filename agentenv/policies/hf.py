@@ -142,6 +142,7 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     result: Generation | None = None
 
 
@@ -159,6 +160,7 @@ class HFPolicy:
 
     def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Any = None):
         self.config = config
+        self.weight_version = 0
         self.device = _device(config)
         if tokenizer is None:
             from transformers import AutoTokenizer
@@ -256,6 +258,8 @@ class HFPolicy:
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}")
                 target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            if not unknown:
+                self.weight_version += 1
         if unknown:
             raise ValueError(f"load_weights: the model has no parameter named {unknown[:5]} ({len(unknown)} unknown)")
 
@@ -408,7 +412,7 @@ class HFPolicy:
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
         keep, done = [], []
         for i, r in enumerate(rows):
-            if self._advance(r, tokens_l[i], lp_l[i], ent_l[i]):
+            if self._advance(r, tokens_l[i], lp_l[i], ent_l[i], self.weight_version):
                 done.append(r)
             else:
                 keep.append(i)
@@ -418,8 +422,8 @@ class HFPolicy:
             self._select(keep)
         return done
 
-    def _advance(self, r: _Request, tok: int, lp: float, h: float) -> bool:
-        """Record one sampled token for `r`; returns True when `r` is finished."""
+    def _advance(self, r: _Request, tok: int, lp: float, h: float, version: int) -> bool:
+        """Record one sampled token for `r` (sampled by weights `version`); returns True when `r` is finished."""
         p = r.params
         self.stats.generated_tokens += 1
         if tok in self.eos_token_ids:
@@ -427,18 +431,20 @@ class HFPolicy:
                 r.token_ids.append(tok)
                 r.logprobs.append(lp)
                 r.entropies.append(h)
-            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "eos")
+                r.versions.append(version)
+            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "eos", versions=r.versions)
             return True
         r.token_ids.append(tok)
         r.logprobs.append(lp)
         r.entropies.append(h)
+        r.versions.append(version)
         if p.stop:
             hit = self._find_stop(r.token_ids, p.stop)
             if hit is not None:
-                r.result = Generation(r.token_ids, r.logprobs, r.entropies, "stop", stop_string=hit)
+                r.result = Generation(r.token_ids, r.logprobs, r.entropies, "stop", stop_string=hit, versions=r.versions)
                 return True
         if len(r.token_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.token_ids) >= self.max_model_len:
-            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "length")
+            r.result = Generation(r.token_ids, r.logprobs, r.entropies, "length", versions=r.versions)
             return True
         return False
 

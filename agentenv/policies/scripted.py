@@ -48,6 +48,7 @@ class ScriptedPolicy:
 
     def __init__(self, tokenizer: Tokenizer, turns: TurnScript, *, delay_s: float = 0.0):
         self.tokenizer = tokenizer
+        self.weight_version = 0
         self._fn: Callable[[list[int]], str] | None = turns if callable(turns) else None
         self._turn_ids: list[list[int]] = (
             [] if self._fn is not None else [self._encode(t) for t in turns]  # type: ignore[union-attr]  # not callable here: a list of turns
@@ -99,9 +100,10 @@ class ScriptedPolicy:
             return self._gen(rest + [self._eos], "eos")
         return self._gen(rest, "eos")
 
-    @staticmethod
-    def _gen(ids: list[int], finish: str, stop: str | None = None) -> Generation:
-        return Generation(list(ids), [0.0] * len(ids), [0.0] * len(ids), finish, stop)  # type: ignore[arg-type]  # finish is one of the FinishReason literals by the callers
+    def _gen(self, ids: list[int], finish: str, stop: str | None = None) -> Generation:
+        n = len(ids)
+        return Generation(list(ids), [0.0] * n, [0.0] * n, finish, stop, versions=[self.weight_version] * n)  # type: ignore[arg-type]  # finish is one of the FinishReason literals by the callers
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Nothing to load: the script is the policy."""
+        """Nothing to load (the script is the policy); the version still counts the pushes."""
+        self.weight_version += 1

@@ -255,9 +255,12 @@ def test_load_weights_changes_outputs(small_policy, small_tokenizer):
     prompt = _prompt(small_tokenizer)
     params = SamplingParams(max_tokens=12, temperature=0.0)
     before = small_policy.generate_sync(prompt, params)
+    v0 = small_policy.weight_version
+    assert before.versions == [v0] * len(before.token_ids)
     other = make_small_model(len(small_tokenizer), seed=1)
     small_policy.load_weights((f"module.{k}", v) for k, v in other.state_dict().items())
     after = small_policy.generate_sync(prompt, params)
+    assert small_policy.weight_version == v0 + 1 and after.versions == [v0 + 1] * len(after.token_ids)
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     ids = torch.tensor([prompt + after.token_ids])
     with torch.no_grad():
@@ -265,3 +268,4 @@ def test_load_weights_changes_outputs(small_policy, small_tokenizer):
     torch.testing.assert_close(lp[0, len(prompt) - 1 :], torch.tensor(after.logprobs), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no parameter named"):
         small_policy.load_weights({"not.a.weight": torch.zeros(1)})
+    assert small_policy.weight_version == v0 + 1  # a refused push is no new version

@@ -32,6 +32,9 @@ def test_protocol_and_turns_in_order():
     assert g2.token_ids == enc(turns[1]) and g2.finish_reason == "stop"
     g3 = run(pol.generate(ctx + g2.token_ids, SamplingParams(stop=STOP)))
     assert g3.token_ids == [TOK.eos_token_id] and g3.finish_reason == "eos"
+    assert g1.versions == [0] * len(g1.token_ids)
+    pol.load_weights([])
+    assert pol.weight_version == 1 and run(pol.generate(prompt, SamplingParams(stop=STOP))).versions[0] == 1
 
 
 def test_eos_appended_when_no_stop():

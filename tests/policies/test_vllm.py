@@ -382,10 +382,13 @@ def test_load_weights_after_a_training_step(policy, served):
     lp_new, _ = _score(trained, prompt, before.token_ids, 1.0)
     assert np.abs(np.asarray(before.logprobs) - lp_new).max() > 0.05  # old weights: no match
 
+    v0 = policy.weight_version
+    assert before.versions == [v0] * len(before.token_ids)
     try:
         policy.load_weights(trained.state_dict().items())
         policy.reset_metrics()
         after = policy.generate_sync(prompt, params)
+        assert policy.weight_version == v0 + 1 and after.versions == [v0 + 1] * len(after.token_ids)
         assert policy.metrics()["cached_prompt_tokens"] == 0  # the cache was reset
         lp_new, ent_new = _score(trained, prompt, after.token_ids, 1.0)
         np.testing.assert_allclose(after.logprobs, lp_new, atol=TOL)

@@ -41,6 +41,7 @@ class VLLMPolicy:
     def __init__(self, config: VLLMPolicyConfig, tokenizer: Any = None):
         _import_vllm()
         self.config = config
+        self.weight_version = 0
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -171,12 +172,15 @@ class VLLMPolicy:
         entropies: list[float] = []
         stop_string: str | None = None
         last = None  # the last CompletionOutput seen
+        version: int | None = None  # read at the first output: a push waits for running requests to finish
         num_cached = 0
         last_chars = _filterable_last_chars(params.stop)
         request = self._engine.generate(tokens_input(prompt_ids), self._vllm_params(params, mode), uuid.uuid4().hex)
         # aclosing: leaving early (a stop string) closes the stream, which aborts the request in the engine.
         async with contextlib.aclosing(request) as stream:
             async for out in stream:
+                if version is None:
+                    version = self.weight_version
                 num_cached = out.num_cached_tokens or num_cached
                 last = out.outputs[0]
                 new = list(last.token_ids)
@@ -219,7 +223,8 @@ class VLLMPolicy:
         c.prompt_tokens += len(prompt_ids)
         c.cached_prompt_tokens += num_cached
         c.generated_tokens += len(token_ids)
-        return Generation(token_ids, logprobs, entropies, reason, stop_string=stop_string)
+        versions = [self.weight_version if version is None else version] * len(token_ids)
+        return Generation(token_ids, logprobs, entropies, reason, stop_string=stop_string, versions=versions)
 
     def _has_any_char(self, token_id: int, chars: frozenset[str]) -> bool:
         text = self._piece_cache.get(token_id)
@@ -268,6 +273,7 @@ class VLLMPolicy:
             self._loop.run(engine.collective_rpc("agentenv_commit_weights"))
             if not self._loop.run(engine.reset_prefix_cache()):
                 raise InfraError("vLLM refused to reset its prefix cache after a weight update")
+            self.weight_version += 1  # before the resume: a request's first output tells its version
         except BaseException:
             self._loop.run(engine.collective_rpc("agentenv_drop_staged_weights"))
             raise
