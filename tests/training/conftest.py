@@ -47,9 +47,10 @@ def fast_module_overrides(tmp_path_factory, tiny_model_path):
     return FAST + [f"trainer.output_dir={tmp_path_factory.mktemp('run') / 'run'}"]
 
 
-def python_cmd(script: Path, *args: str, nproc: int = 1) -> list[str]:
-    """`script args` in one process, or under torchrun on `nproc` CPU processes (gloo, a free port on 127.0.0.1)."""
-    if nproc == 1:
+def python_cmd(script: Path, *args: str, nproc: int = 1, torchrun: bool = False) -> list[str]:
+    """`script args` in one process, or under torchrun (always with `torchrun`) on `nproc` processes (gloo on
+    CPUs, NCCL on GPUs; a free port on 127.0.0.1)."""
+    if nproc == 1 and not torchrun:
         return [sys.executable, str(script), *args]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

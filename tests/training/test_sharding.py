@@ -83,6 +83,12 @@ def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path, launch_cmd) -
 @pytest.mark.parametrize("case", list(CASES))
 def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, launch_cmd, tmp_path):
     nproc, extra = CASES[case]
+    check_killed_run(case, nproc, extra, fast_overrides, launch_cmd, tmp_path)
+
+
+def check_killed_run(case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, tmp_path: Path) -> None:
+    """Train `nproc` processes with `extra` overrides, SIGKILL after checkpoint 1, resume, export; check it all
+    (also run on a CUDA device by tests/training/test_gpu_training.py)."""
     # Groups of 4: a group of 2 often scores the same twice (no gradient), and the weights must move.
     cfg = config_from_dict(
         {}, fast_overrides + extra + ["trainer.steps=2", "trainer.eval_tasks=1", "algorithm.group_size=4"]
