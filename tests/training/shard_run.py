@@ -51,7 +51,8 @@ def trainer_logprobs(trainer: Trainer, ids: list[int]) -> torch.Tensor:
 def snapshot(trainer: Trainer) -> dict:
     weights = {n: t.detach().cpu().clone() for n, t in sharding.full_weights(trainer.unwrapped())}
     policy = {n: t.detach().cpu().clone() for n, t in trainer.rt.policy.model.state_dict().items()}
-    return {"weights": weights, "policy": policy, "optimizer": gathered_optimizer(trainer)}
+    devices = {"trainer": str(trainer.acc.device), "policy": str(next(trainer.rt.policy.model.parameters()).device)}
+    return {"weights": weights, "policy": policy, "optimizer": gathered_optimizer(trainer), "devices": devices}
 
 
 class Recording(Trainer):

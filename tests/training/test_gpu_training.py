@@ -26,4 +26,4 @@ def test_killed_run_on_cuda_pushes_resumes_and_exports(case, nproc, extra, fast_
     def launch(*args, nproc: int):  # torchrun for fsdp2 even on one GPU: its NCCL process group, as on a GPU node
         return launch_cmd(*args, nproc=nproc, torchrun=case == "fsdp2")
 
-    sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, tmp_path)
+    sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, tmp_path, device="cuda")

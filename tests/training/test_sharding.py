@@ -86,9 +86,11 @@ def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, lau
     check_killed_run(case, nproc, extra, fast_overrides, launch_cmd, tmp_path)
 
 
-def check_killed_run(case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, tmp_path: Path) -> None:
-    """Train `nproc` processes with `extra` overrides, SIGKILL after checkpoint 1, resume, export; check it all
-    (also run on a CUDA device by tests/training/test_gpu_training.py)."""
+def check_killed_run(
+    case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, tmp_path: Path, device: str = "cpu"
+) -> None:
+    """Train `nproc` processes with `extra` overrides on `device` (its type), SIGKILL after checkpoint 1, resume,
+    export; check it all (also run on a CUDA device by tests/training/test_gpu_training.py)."""
     # Groups of 4: a group of 2 often scores the same twice (no gradient), and the weights must move.
     cfg = config_from_dict(
         {}, fast_overrides + extra + ["trainer.steps=2", "trainer.eval_tasks=1", "algorithm.group_size=4"]
@@ -101,6 +103,8 @@ def check_killed_run(case: str, nproc: int, extra: list[str], fast_overrides, la
     firsts = [torch.load(tmp_path / f"first.rank{r}.pt", weights_only=False) for r in range(nproc)]
     resumes = [torch.load(tmp_path / f"resume.rank{r}.pt", weights_only=False) for r in range(nproc)]
     first = firsts[0]
+    for rec in firsts + resumes:  # the trainer and its rollout policy ran where asked
+        assert {k: v.split(":")[0] for k, v in rec["devices"].items()} == {"trainer": device, "policy": device}
     for rec in firsts:
         # after step 1's push, every rank's rollout policy holds exactly the gathered trainer weights
         assert rec["weights"] and all(torch.equal(rec["policy"][n], t) for n, t in rec["weights"].items())
