@@ -207,3 +207,70 @@ def test_async_path_at_eta_0_equals_the_synchronous_trainer(fast_overrides, tmp_
     assert any(m["train/grad_norm"] > 0 for m in sync[0])  # something was learned, and learned alike
     assert all(torch.equal(sync[2][k], asyn[2][k]) for k in sync[2])
     assert all(m["async/staleness_max"] == 0 for m in sync[0] + asyn[0])
+
+
+@pytest.mark.slow
+def test_sigkill_under_async_then_resume_regenerates_the_groups_in_flight(fast_overrides, tmp_path):
+    """eta = 1: a checkpoint records the groups drawn and not trained on; after SIGKILL, --resume trains on exactly
+    the checkpoint's weights and past batches, rolls those groups out again first, and the bound holds throughout."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from agentenv.training.checkpoint import latest_checkpoint, read_state
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = config_from_dict({}, fast_overrides + ["trainer.steps=4", "trainer.max_staleness=1", "trainer.eval_tasks=0"])
+    out = Path(cfg.trainer.output_dir)
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "train", str(cfg_file)],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline:
+            last = latest_checkpoint(out)
+            if last is not None and read_state(last)["step"] >= 2:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early:\n{proc.stdout.read().decode()[-3000:]}")
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint at step 2 within 600 s")
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    last = latest_checkpoint(out)
+    state = read_state(last)
+    k = state["step"]
+    assert 2 <= k < 4
+    pending = state["pending"]  # [seq, task id, attempt], in draw order
+    assert 0 < len(pending) <= 2 * cfg.trainer.tasks_per_step
+    assert state["stream"]["cursor"] > max(seq for seq, _, _ in pending)
+    before = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
+
+    trainer = Trainer(cfg, resume=True)
+    try:
+        assert trainer.start_step == k and [p.task.id for p in trainer._resume_pending] == [t for _, t, _ in pending]
+        saved = load_file(str(last / "model" / "model.safetensors"))
+        live = trainer.unwrapped().state_dict()
+        assert saved and all(torch.equal(saved[key], live[key]) for key in saved)
+        trainer.train()
+    finally:
+        trainer.close()
+    after = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
+    assert [r for r in after if r["step"] <= k] == [r for r in before if r["step"] <= k]  # the trained-on past, exact
+    first = next(r for r in after if r["step"] == k + 1)
+    assert set(first["tasks"]) <= {t for _, t, _ in pending}  # the groups in flight at the kill come first
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "async/staleness_max" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4] and all(m["async/staleness_max"] <= 1 for m in steps)
+    assert read_state(latest_checkpoint(out))["step"] == 4
