@@ -134,12 +134,13 @@ def test_dapo_dynamic_sampling_is_refused_under_async(fast_overrides):
 def test_versions_are_exact_when_a_push_lands_mid_generation():
     """hf policy: pushes while one turn decodes; the turn's tokens carry both versions, in order, into the
     trajectory's segments and the staleness the trainer computes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from agentenv.envs.agent_env import AgentEnv
     from agentenv.envs.testing import EchoTool, boxed_reward, build_test_tokenizer
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
     from agentenv.rollout import Episode, RolloutConfig
     from agentenv.types import SamplingParams
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = build_test_tokenizer()
     torch.manual_seed(0)
