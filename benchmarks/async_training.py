@@ -16,8 +16,12 @@ So the structure shows without model noise.
   the staleness bound and the requeue of stale groups as in training.
 
     python benchmarks/async_training.py [--quick] [--steps 8] [--tasks 4] [--etas 1,2,4]
+    python benchmarks/async_training.py --tiny [--steps 8]   # the tiny model on CPU: steps per hour, eta 0 and 2
 
 The last line is `speedup over round-synchronous: X.XXx` for the best eta.
+`--tiny` trains the embedded tiny model on the toy twohop tasks (hf backend,
+the search tool, 2 tasks x 4 trajectories a step) with eta = 0, then eta = 2
+(`algorithm.off_policy=decoupled`), and prints steps per hour of each.
 """
 
 from __future__ import annotations
@@ -139,6 +143,37 @@ def async_run(eta: int, args: Any, update_s: float) -> Run:
     return run
 
 
+def tiny(args: Any) -> None:
+    import json
+    import tempfile
+
+    from agentenv.configs import load_config
+    from agentenv.training.trainer import Trainer
+
+    repo = Path(__file__).resolve().parents[1]
+    print("| eta | steps | train wall s | steps/hour | staleness max | dropped | trainer waits | engines idle |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for eta in (0, 2):
+        with tempfile.TemporaryDirectory() as out:
+            overrides = [
+                "policy.backend=hf", "env.tools=[search]", "env.tasks.kinds=[twohop]", f"trainer.steps={args.steps}",
+                "trainer.tasks_per_step=2", "trainer.mini_batch_tasks=2", "algorithm.group_size=4",
+                "trainer.eval_every=0", "trainer.eval_tasks=0", f"trainer.checkpoint_every={args.steps}",
+                "logging.tensorboard=false", "logging.progress=false", f"trainer.output_dir={out}/run",
+                f"trainer.max_staleness={eta}", f"algorithm.off_policy={'decoupled' if eta else 'none'}",
+            ]  # fmt: skip
+            trainer = Trainer(load_config(repo / "configs/toy_grpo.yaml", overrides))
+            t0 = time.perf_counter()
+            trainer.train()
+            wall = time.perf_counter() - t0
+            ms = [json.loads(line) for line in Path(out, "run", "metrics.jsonl").read_text().splitlines()]
+            ms = [m for m in ms if "async/staleness_max" in m]
+            last = ms[-1]
+            print(f"| {eta} | {args.steps} | {wall:.1f} | {3600 * args.steps / wall:.0f} | "
+                  f"{max(m['async/staleness_max'] for m in ms):.0f} | {last['async/dropped_total']:.0f} | "
+                  f"{last['async/trainer_wait_frac']:.0%} | {last['async/engine_idle_frac']:.0%} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, faster steps (under 2 minutes)")
@@ -148,7 +183,11 @@ def main() -> None:
     ap.add_argument("--median-s", type=float, default=0.1, help="median tool latency")
     ap.add_argument("--etas", default="1,2,4")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="the tiny model on CPU instead: steps per hour, eta 0 and 2")
     args = ap.parse_args()
+    if args.tiny:
+        tiny(args)
+        return
     if args.quick:
         args.steps, args.step_ms, args.median_s = 5, 2.0, 0.02
     etas = [int(e) for e in args.etas.split(",")]
