@@ -15,7 +15,7 @@ So the structure shows without model noise.
   trainer runs: rollout continues on its loop thread while this thread updates;
   the staleness bound and the requeue of stale groups as in training.
 
-    python benchmarks/async_training.py [--quick] [--steps 8] [--tasks 4] [--etas 1,2,4]
+    python benchmarks/async_training.py [--quick] [--steps 16] [--tasks 4] [--etas 1,2,4]
     python benchmarks/async_training.py --tiny [--steps 8]   # the tiny model on CPU: steps per hour, eta 0 and 2
 
 The last line is `speedup over round-synchronous: X.XXx` for the best eta.
@@ -139,6 +139,12 @@ def async_run(eta: int, args: Any, update_s: float) -> Run:
         run.idle_s = producer.engine_idle_s() * run.wall_s / max(producer.elapsed_s(), 1e-9)
     finally:
         producer.close()
+
+        async def stop_ticker() -> None:
+            if policy._ticker is not None:
+                policy._ticker.cancel()
+
+        loop.run(stop_ticker())
         loop.stop()
     return run
 
@@ -177,7 +183,7 @@ def tiny(args: Any) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, faster steps (under 2 minutes)")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--tasks", type=int, default=4, help="groups of 16 per step")
     ap.add_argument("--step-ms", type=float, default=10.0, help="one decode step of the simulated engine")
     ap.add_argument("--median-s", type=float, default=0.1, help="median tool latency")
@@ -188,13 +194,13 @@ def main() -> None:
     if args.tiny:
         tiny(args)
         return
-    if args.quick:
-        args.steps, args.step_ms, args.median_s = 5, 2.0, 0.02
+    if args.quick:  # 2 groups of 16 a step, 5 steps, eta 1 and 2: under two minutes
+        args.steps, args.tasks, args.step_ms, args.median_s, args.etas = 5, 2, 5.0, 0.05, "1,2"
     etas = [int(e) for e in args.etas.split(",")]
 
-    # the update takes as long as the engine's rollout of one step (measured on a step of its own, not timed)
-    calib = argparse.Namespace(**{**vars(args), "steps": 1, "seed": args.seed + 1000})
-    update_s = asyncio.run(sync_run("engine", calib, 0.0)).wait_s
+    # the update takes as long as the engine's rollout of one step: its mean over steps of their own, not timed
+    calib = argparse.Namespace(**{**vars(args), "steps": 2, "seed": args.seed + 1000})
+    update_s = asyncio.run(sync_run("engine", calib, 0.0)).wait_s / calib.steps
     print(f"groups of {GROUP}, {args.tasks} per step, {CALLS} tool calls per episode, lognormal latency median "
           f"{args.median_s:g} s (sigma 1), {args.step_ms:g} ms per decode step; simulated update {update_s:.2f} s "
           f"(= the engine's rollout of one step); {args.steps} steps")  # fmt: skip

@@ -435,7 +435,7 @@ class Trainer:
         waited for data and the engines waited for work (no group in flight), and generated tokens per second."""
         clock = self._run_clock
         clock["wait_s"] += t_roll
-        clock["tokens"] += m["rollout/gen_tokens_per_group"] * len(staleness)
+        clock["tokens"] += m["rollout/gen_tokens_per_group"] * len(staleness) * self.acc.num_processes  # all ranks
         clock["dropped"] += dropped
         wall = max(time.perf_counter() - clock["start"], 1e-9)
         if self.producer is not None:
