@@ -251,7 +251,8 @@ class AsyncRollout:
 
         taken, version, dropped = self.loop.run(run())
         staleness = [version - r.oldest for r in taken]
-        assert all(0 <= s <= self.eta for s in staleness), f"staleness {staleness} outside [0, {self.eta}]"
+        if any(not 0 <= s <= self.eta for s in staleness):  # the filter's invariant, checked on every batch
+            raise RuntimeError(f"a batch's staleness {staleness} is outside [0, {self.eta}]")
         return Batch([r.group for r in taken], staleness, dropped, time.perf_counter() - t0, version)
 
     def step_done(self) -> None:
