@@ -177,7 +177,7 @@ def tiny(args: Any) -> None:
             last = ms[-1]
             print(f"| {eta} | {args.steps} | {wall:.1f} | {3600 * args.steps / wall:.0f} | "
                   f"{max(m['async/staleness_max'] for m in ms):.0f} | {last['async/dropped_total']:.0f} | "
-                  f"{last['async/trainer_wait_frac']:.0%} | {last['async/engine_idle_frac']:.0%} |", flush=True)  # fmt: skip
+                  f"{last['time/trainer_wait_frac']:.0%} | {last['time/engine_idle_frac']:.0%} |", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -447,9 +447,9 @@ class Trainer:
             "async/staleness_max": float(max(staleness, default=0)),
             "async/dropped_groups": float(dropped),
             "async/dropped_total": clock["dropped"],
-            "async/trainer_wait_frac": min(clock["wait_s"] / wall, 1.0),
-            "async/engine_idle_frac": idle,
-            "async/tokens_per_s": clock["tokens"] / wall,
+            "time/trainer_wait_frac": min(clock["wait_s"] / wall, 1.0),
+            "time/engine_idle_frac": idle,
+            "time/tokens_per_s": clock["tokens"] / wall,
         }
 
     def accumulate(self, mb: TrainBatch, micro_batch_size: int) -> list[dict[str, float]]:

@@ -200,7 +200,7 @@ def test_async_path_at_eta_0_equals_the_synchronous_trainer(fast_overrides, tmp_
     sync = _run(base + [f"trainer.output_dir={tmp_path / 'sync'}"])
     asyn = _run(base + [f"trainer.output_dir={tmp_path / 'async'}"], async_rollout=True)
     assert sync[1] == asyn[1]
-    timing = ("time", "async/trainer_wait", "async/engine_idle", "async/tokens_per_s")
+    timing = ("time",)  # wall-clock values: "time" and "time/..."
     for a, b in zip(sync[0], asyn[0]):
         assert {k: v for k, v in a.items() if not k.startswith(timing)} == {
             k: v for k, v in b.items() if not k.startswith(timing)
