@@ -147,6 +147,14 @@ class TrainerConfig:
             trees (ARPO), where the model's attention takes a 4D mask (eager,
             sdpa; not FlashAttention); `on`: always (an error where it cannot);
             `off`: never.
+        max_staleness: eta, how many weight versions rollout may run ahead of
+            the trainer (`agentenv.training.async_rollout`, docs/training/async.md).
+            0: the synchronous loop (a step rolls out, then updates). eta >= 1:
+            groups for the next steps roll out while the trainer updates; a
+            step trains on the next `tasks_per_step` finished groups, and a
+            group whose oldest token is more than eta versions behind the
+            trainer is dropped and its task requeued. Pair it with an off-policy
+            correction (`algorithm.off_policy: decoupled` or `algorithm.rollout_correction`).
     """
 
     steps: int = 20
@@ -173,12 +181,13 @@ class TrainerConfig:
     max_failed_steps: int = 3
     nonfinite_patience: int = 3
     pack_prefixes: Literal["auto", "on", "off"] = "auto"
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",
                     "checkpoint_every", "keep_checkpoints", "max_failed_steps", "nonfinite_patience"):
             check_number(f"trainer.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
-        for key in ("warmup_steps", "eval_every", "eval_tasks"):
+        for key in ("warmup_steps", "eval_every", "eval_tasks", "max_staleness"):
             check_number(f"trainer.{key}", getattr(self, key), low_ok=True, integer=True)
         if self.tasks_per_step % self.mini_batch_tasks:
             raise ConfigError(

@@ -210,14 +210,17 @@ class ToolResult:
 class Segment:
     """A run of token ids from one source.
 
-    Policy segments carry the sampler's per-token `logprobs` and `entropies`;
-    prompt and tool segments carry none.
+    Policy segments carry the sampler's per-token `logprobs` and `entropies`
+    and, when the policy versions its weights, `versions`: the weight version
+    that sampled each token (`Generation.versions`); prompt and tool segments
+    carry none.
     """
 
     source: SegmentSource
     token_ids: list[int]
     logprobs: list[float] | None = None
     entropies: list[float] | None = None
+    versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.source not in ("prompt", "policy", "tool"):
@@ -230,6 +233,8 @@ class Segment:
                 raise ValueError(
                     f"policy Segment has {n} tokens, {len(self.logprobs)} logprobs, {len(self.entropies)} entropies"
                 )
+            if self.versions is not None and len(self.versions) != n:
+                raise ValueError(f"policy Segment has {n} tokens but {len(self.versions)} versions")
 
     @property
     def mask_value(self) -> int:
@@ -310,6 +315,12 @@ class Trajectory:
     def entropies(self) -> list[float]:
         """Sampler entropies aligned with `token_ids` (0.0 on non-policy tokens)."""
         return [h for s in self.segments for h in (cast(list[float], s.entropies) if s.source == "policy" else [0.0] * len(s))]
+
+    @property
+    def versions(self) -> list[int | None]:
+        """The weight version of each policy token, in order (None where the policy reported none)."""
+        none: list[int | None] = [None]
+        return [v for s in self.segments if s.source == "policy" for v in (s.versions or none * len(s))]
 
     @property
     def prompt_len(self) -> int:

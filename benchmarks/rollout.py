@@ -153,7 +153,8 @@ class SimServer:
             for item in self._queue:
                 item[0] -= 1
             for item in [i for i in self._queue if i[0] <= 0]:
-                item[1].set_result(None)
+                if not item[1].done():  # a caller that was cancelled (a timeout, a closed run) waits no more
+                    item[1].set_result(None)
             self._queue = [i for i in self._queue if i[0] > 0]
 
     def load_weights(self, named_tensors: Any) -> None:

@@ -335,6 +335,31 @@ def rollout_weights(
     raise ValueError(f"unknown rollout correction {mode!r}; use 'none', 'tis' or 'mis'")
 
 
+def decoupled_weights(
+    proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The behaviour weights of AReaL's decoupled PPO objective (Fu et al., 2025, eq. 5).
+
+    w_t = pi_prox(y_t) / pi_behav(y_t), the recomputed (proximal) probability of a
+    sampled token over the probability under the weight version that sampled it;
+    with `cap`, tokens whose w_t exceeds it get weight 0 (they stay in the
+    loss's normalizer). The clipped ratio itself is pi_theta / pi_prox
+    (`clipped_pg_loss` with the recomputed old logprobs).
+
+    Args:
+        proximal_logprobs, behaviour_logprobs, mask: (B, T).
+        cap: None (no cap) or a cap > 1.
+    Returns:
+        (B, T) weights, no gradient (0 where masked), and a (B, T) bool tensor of
+        where w exceeded the cap.
+    """
+    log_w = (proximal_logprobs - behaviour_logprobs).detach()  # (B, T)
+    m = mask.bool()
+    over = (log_w > math.log(cap)) & m if cap is not None else torch.zeros_like(m)
+    w = torch.exp(torch.where(m & ~over, log_w, torch.full_like(log_w, -math.inf)))  # 0 where masked or over
+    return w, over
+
+
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token_mean", norm: LossNorm | None = None
 ) -> torch.Tensor:
@@ -413,6 +438,11 @@ def policy_loss(
         per_token = per_token * w  # (B, T); the policy-gradient term only, as TRL and verl
         metrics["is_weight_mean"] = masked_mean(w, mask).item()
         metrics["is_capped_frac"] = masked_mean(over.float(), mask).item()
+    if cfg.off_policy == "decoupled":  # old_logprobs: the proximal policy; sampler_logprobs: the behaviour's
+        w, over = decoupled_weights(batch.old_logprobs, batch.sampler_logprobs, mask, cfg.behaviour_weight_cap)
+        per_token = per_token * w  # (B, T)
+        metrics["behaviour_weight_mean"] = masked_mean(w, mask).item()
+        metrics["behaviour_capped_frac"] = masked_mean(over.float(), mask).item()
     if kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs in the batch")

@@ -261,7 +261,8 @@ class AgentEnv(gymnasium.Env):
         """
         self._check_can_step()
         ids, logprobs, entropies, finish = self._as_turn(action)
-        self._append(Segment("policy", ids, logprobs, entropies))
+        versions = list(action.versions) if isinstance(action, Generation) and action.versions is not None else None
+        self._append(Segment("policy", ids, logprobs, entropies, versions))
         self._turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if self._turns == 1:  # the first turn continues the task's prefill, if any
@@ -522,4 +523,5 @@ def _copy_segment(s: Segment) -> Segment:
         list(s.token_ids),
         None if s.logprobs is None else list(s.logprobs),
         None if s.entropies is None else list(s.entropies),
+        None if s.versions is None else list(s.versions),
     )

@@ -167,7 +167,7 @@ class Episode:
         cap = max_tokens if max_tokens is not None else self.turn_cap() - len(done)
         budget = min(cap, self.env.remaining_tokens - len(done))
         if budget < 1:
-            empty = Generation([], [], [], "length")
+            empty = Generation([], [], [], "length", versions=[])  # no token: joins a versioned prefix
             return concat_generations(prefix, empty) if prefix is not None else empty
         params = dataclasses.replace(
             self.params,

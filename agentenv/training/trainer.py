@@ -24,7 +24,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from agentenv._loops import gather_settled
+from agentenv._loops import LoopThread, gather_settled
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
 from agentenv.algorithms.core import kl_k3
@@ -37,6 +37,7 @@ from agentenv.rollout.toolstats import ToolStats
 from agentenv.tasks.task import Task, balanced_subset
 from agentenv.training import checkpoint as ckpt
 from agentenv.training import sharding
+from agentenv.training.async_rollout import AsyncRollout, Pending, group_versions
 from agentenv.training.batching import chunks, collate
 from agentenv.training.build import Runtime, build_runtime, check_output_dir, first_line
 from agentenv.training.data import TaskStream
@@ -67,9 +68,20 @@ class Trainer:
         resume: Continue from the newest complete checkpoint in `trainer.output_dir`.
         accelerator: An `accelerate.Accelerator` (one is made if None).
         runtime: Prebuilt tools/policy/tasks (built from cfg if None).
+        async_rollout: Roll out through the asynchronous producer
+            (`agentenv.training.async_rollout`); None: when `trainer.max_staleness`
+            >= 1. With eta = 0 it trains on exactly the synchronous loop's batches (a test holds it to that).
     """
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, accelerator: Any = None, runtime: Runtime | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        resume: bool = False,
+        accelerator: Any = None,
+        runtime: Runtime | None = None,
+        async_rollout: bool | None = None,
+    ):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import AutoModelForCausalLM
@@ -93,7 +105,15 @@ class Trainer:
         set_seed(tc.seed)
         self.out = Path(tc.output_dir)
         check_output_dir(self.out)  # before minutes of model loading
-        self.loop = asyncio.new_event_loop()
+        self.algorithm: Algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
+        self.asynchronous = tc.max_staleness >= 1 if async_rollout is None else async_rollout
+        if self.asynchronous:
+            self._check_async(world)
+        # Asynchronous: the rollout's loop runs in its own thread, so rollout goes on while this thread updates.
+        self._loop_thread = LoopThread("agentenv-rollout") if self.asynchronous else None
+        self.loop = self._loop_thread.loop if self._loop_thread is not None else asyncio.new_event_loop()
+        self.producer: AsyncRollout | None = None
+        self._resume_pending: list[Pending] = []
 
         model_path = resolve_model_path(cfg.model.path) if self.acc.is_main_process else None
         self.acc.wait_for_everyone()
@@ -105,7 +125,6 @@ class Trainer:
         if self.engine_log.path is not None and self.acc.is_main_process:
             print(f"[train] engine output: {self.engine_log.path} (logging.verbose=true shows it here)",
                   file=sys.stderr, flush=True)
-        self.algorithm: Algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm_config)
         dtype = getattr(torch, cfg.model.dtype)
         # The engine's start and the models' loading print pages of logs and progress bars: to the engine log.
         with self.engine_log.capture():
@@ -149,6 +168,8 @@ class Trainer:
         self._nonfinite_streak = 0  # consecutive steps with a non-finite loss or gradient
         self._tool_streak: Counter[str] = Counter()  # tool -> consecutive steps in which most of its calls failed
         self.last_tool_stats = ToolStats()
+        # over the run: wall-clock start, seconds the trainer waited for data, tokens trained on, dropped groups
+        self._run_clock = {"start": time.perf_counter(), "wait_s": 0.0, "tokens": 0.0, "dropped": 0.0}
         if resume:
             self._resume()
         purge = (self.start_step + 1 if self.start_step else 0) if resume else None
@@ -181,6 +202,12 @@ class Trainer:
                 ) from e
             state = ckpt.read_state(chosen)
             self.stream.load_state_dict(state["stream"])
+            by_id = {t.id: t for t in self.rt.tasks.train}
+            # groups drawn but not trained on at the checkpoint: rolled out again from their seeds
+            self._resume_pending = [Pending(seq, by_id[tid], attempt) for seq, tid, attempt in state.get("pending", [])]
+            if self._resume_pending and not self.asynchronous:
+                log.warning("the checkpoint's %d groups in flight are not regenerated (trainer.max_staleness=0): "
+                            "their tasks are skipped", len(self._resume_pending))
             self.start_step = int(state["step"])
             self.resumed_from = chosen
         if self.acc.is_main_process:
@@ -199,7 +226,56 @@ class Trainer:
         self.rt.policy.load_weights(sharding.full_weights(self.unwrapped()))
 
     def run(self, coro: Any) -> Any:
+        if self._loop_thread is not None:  # asynchronous: the loop runs in its thread
+            return self._loop_thread.run(coro)
         return self.loop.run_until_complete(coro)
+
+    def _check_async(self, world: int) -> None:
+        """What asynchronous rollout does not run, refused by name with the reason."""
+        tc = self.cfg.trainer
+        if world > 1:
+            raise ConfigError(
+                "trainer.max_staleness",
+                f"{tc.max_staleness} needs one trainer process (this run has {world}): the asynchronous producer "
+                "draws the task stream alone; scale rollout with the policy's engines (Ray placement) instead",
+            )
+        if self.algorithm.max_resample_rounds() > 0:
+            raise ConfigError(
+                "trainer.max_staleness",
+                f"{tc.max_staleness} with dynamic sampling ({self.cfg.algorithm.name}'s max_resample_rounds="
+                f"{self.algorithm.max_resample_rounds()}): its lockstep extra rounds wait for a whole step's groups, "
+                "which asynchronous rollout never does; set algorithm.max_resample_rounds=0 or trainer.max_staleness=0",
+            )
+
+    def _group_sampler(self) -> Any:
+        """The algorithm's sampler (or the user's agent's), bounding each trajectory and the concurrency."""
+        if self.rt.agent is not None:  # rollout.agent: the user's agent through the endpoint (independent samples)
+            return self.rt.agent.sampler(self.algorithm.group_size())
+        return self.algorithm.sampler(self.cfg.rollout)
+
+    async def _sample(self, sampler: Any, task: Task, seed: int) -> Group:
+        params = self.cfg.policy.sampling_params()
+        try:
+            return cast(Group, await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed))
+        except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (docs/reliability.md)
+            return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
+
+    def _start_producer(self) -> AsyncRollout:
+        """The asynchronous producer, on the rollout loop; groups of a resumed run's checkpoint first."""
+        tc = self.cfg.trainer
+        sampler = self._group_sampler()  # one for the run: its concurrency bound spans every step in flight
+        tps = tc.tasks_per_step
+
+        async def sample(p: Pending) -> Group:
+            # (step, slot) as the synchronous loop's seeds; a requeued group's attempt changes them
+            seed = derive_seed(tc.seed, p.seq // tps, p.seq % tps, *((0, p.attempt) if p.attempt else ()))
+            return await self._sample(sampler, p.task, seed)
+
+        assert self._loop_thread is not None
+        return AsyncRollout(
+            self._loop_thread, sample, lambda: self.stream.next_batch(1)[0], lambda: self.rt.policy.weight_version,
+            tps, tc.max_staleness, resume=self._resume_pending, next_seq=self.stream.cursor,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ one step
     async def rollout(self, tasks: list[Task], step: int, indices: list[int], round_: int = 0) -> list[Group]:
@@ -210,17 +286,11 @@ class Trainer:
         sampler, and the step goes on with the rest; a sampler that raises
         loses its own group (all failed), never the step.
         """
-        sampler = self.algorithm.sampler(self.cfg.rollout)  # bounds each trajectory and the step's concurrency
-        if self.rt.agent is not None:  # rollout.agent: the user's agent through the endpoint (independent samples)
-            sampler = self.rt.agent.sampler(self.algorithm.group_size())
-        params = self.cfg.policy.sampling_params()
+        sampler = self._group_sampler()  # bounds each trajectory and the step's concurrency
 
         async def one(j: int, task: Task) -> Group:
             seed = derive_seed(self.cfg.trainer.seed, step, indices[j], *((round_,) if round_ else ()))
-            try:
-                return await sampler.sample(self.rt.policy, self.rt.make_env, task, params, seed)
-            except Exception as e:  # noqa: BLE001 - recorded as failed trajectories (docs/reliability.md)
-                return failed_group(task, self.algorithm.group_size(), e, {"seed": seed})
+            return await self._sample(sampler, task, seed)
 
         return await gather_settled(*(one(j, t) for j, t in enumerate(tasks)))
 
@@ -269,11 +339,24 @@ class Trainer:
         tc = self.cfg.trainer
         rank, world = self.acc.process_index, self.acc.num_processes
         t0 = time.perf_counter()
-        tasks = self.stream.next_batch(tc.tasks_per_step)
-        mine = tasks[rank::world]
-        groups = self.run(self.rollout(mine, step, list(range(rank, len(tasks), world))))
-        self.last_batch_ids = [t.id for t in tasks]
-        groups, resample_metrics = self.resample(groups, step)
+        version = self.rt.policy.weight_version
+        if self.producer is not None:  # asynchronous: the next finished groups within the staleness bound
+            taken = self.producer.take()
+            groups, version = taken.groups, taken.version
+            self.last_batch_ids = [g.task.id for g in groups]
+            resample_metrics: dict[str, float] = {}
+            dropped = taken.dropped
+        else:
+            tasks = self.stream.next_batch(tc.tasks_per_step)
+            mine = tasks[rank::world]
+            groups = self.run(self.rollout(mine, step, list(range(rank, len(tasks), world))))
+            self.last_batch_ids = [t.id for t in tasks]
+            groups, resample_metrics = self.resample(groups, step)
+            dropped = 0
+        # weight versions behind the trainer's, per group: the policy's lag, <= trainer.max_staleness on every batch
+        staleness = [version - group_versions(g, version)[0] for g in groups]
+        if any(not 0 <= s <= tc.max_staleness for s in staleness):
+            raise InfraError(f"a batch broke the staleness bound {tc.max_staleness}: {staleness} (trainer version {version})")
         self.last_errors = Counter(t.error or "unknown error" for g in groups for t in g if t.failed)
         t_roll = time.perf_counter() - t0
 
@@ -318,6 +401,8 @@ class Trainer:
         weights_ok = self._weights_finite()
         if weights_ok:
             self.push_weights()
+        if self.producer is not None:
+            self.producer.step_done()  # rollout may run one step further
         t_push = time.perf_counter() - t2
         t_total = time.perf_counter() - t0
 
@@ -342,7 +427,30 @@ class Trainer:
                 "train/weights_finite": float(weights_ok),
             }
         )
+        metrics.update(self._async_metrics(staleness, dropped, t_roll, metrics))
         return metrics
+
+    def _async_metrics(self, staleness: list[int], dropped: int, t_roll: float, m: dict[str, float]) -> dict[str, float]:
+        """Staleness of this batch, dropped groups, and over the run so far: the share of wall time the trainer
+        waited for data and the engines waited for work (no group in flight), and generated tokens per second."""
+        clock = self._run_clock
+        clock["wait_s"] += t_roll
+        clock["tokens"] += m["rollout/gen_tokens_per_group"] * len(staleness) * self.acc.num_processes  # all ranks
+        clock["dropped"] += dropped
+        wall = max(time.perf_counter() - clock["start"], 1e-9)
+        if self.producer is not None:
+            idle = self.producer.engine_idle_s() / max(self.producer.elapsed_s(), 1e-9)
+        else:  # synchronous: the engines work only while the trainer waits for the rollout
+            idle = 1.0 - min(clock["wait_s"] / wall, 1.0)
+        return {
+            "async/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+            "async/staleness_max": float(max(staleness, default=0)),
+            "async/dropped_groups": float(dropped),
+            "async/dropped_total": clock["dropped"],
+            "time/trainer_wait_frac": min(clock["wait_s"] / wall, 1.0),
+            "time/engine_idle_frac": idle,
+            "time/tokens_per_s": clock["tokens"] / wall,
+        }
 
     def accumulate(self, mb: TrainBatch, micro_batch_size: int) -> list[dict[str, float]]:
         """Gradients of one mini-batch (this rank's rows), in micro-batches; returns each one's loss metrics.
@@ -546,8 +654,14 @@ class Trainer:
         self.acc.save_state(str(staging))
         self.strategy.save(self.model, self.opt, staging, self.rt.tokenizer)
         self.acc.wait_for_everyone()  # every rank's RNG state and shards are written
+        stream, pending = self.stream.state_dict(), []
+        if self.producer is not None:  # the groups drawn and not trained on: regenerated from their seeds on resume
+            drawn, next_seq = self.producer.snapshot()
+            stream = {**stream, "cursor": next_seq}
+            pending = [[p.seq, p.task.id, p.attempt] for p in drawn]
         if self.acc.is_main_process:
-            ckpt.write_state(staging, {"step": step, "stream": self.stream.state_dict(), "time": time.time()})
+            state = {"step": step, "stream": stream, "pending": pending, "time": time.time()}
+            ckpt.write_state(staging, state)
             ckpt.finalize(staging, final)
             ckpt.prune(self.out, self.cfg.trainer.keep_checkpoints)
         self.acc.wait_for_everyone()
@@ -565,6 +679,9 @@ class Trainer:
                 initial = self.evaluate()
                 if initial and self.logger:
                     self.logger.log(0, initial.as_metrics())
+            self._run_clock = {"start": time.perf_counter(), "wait_s": 0.0, "tokens": 0.0, "dropped": 0.0}
+            if self.asynchronous and self.start_step < tc.steps:
+                self.producer = self._start_producer()
             with progress:
                 task_id = progress.add_task("train", total=tc.steps, completed=self.start_step)
                 for step in range(self.start_step, tc.steps):
@@ -583,6 +700,7 @@ class Trainer:
                     if done % tc.checkpoint_every == 0 or done == tc.steps:
                         self.save(done)
                     progress.update(task_id, advance=1, description=_describe(metrics))
+            self._stop_producer()  # the groups beyond the last step are not trained on
             final = self.evaluate(step=tc.steps)
             if final and self.logger:
                 self.logger.log(tc.steps, final.as_metrics())
@@ -591,13 +709,24 @@ class Trainer:
             self.close()
         return TrainResult(tc.steps, self.out, final, initial)
 
+    def _stop_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+
     def close(self) -> None:
         if self.logger:
             self.logger.close()
             self.logger = None
         if not self.loop.is_closed():
-            self.run(self.rt.aclose())
-            self.loop.close()
+            try:
+                self._stop_producer()
+                self.run(self.rt.aclose())
+            finally:
+                if self._loop_thread is not None:
+                    self._loop_thread.stop()
+                else:
+                    self.loop.close()
         self.engine_log.close()  # after the engine's shutdown, which logs too
 
 

@@ -292,7 +292,8 @@ def _cut_at_spanning_stop(gen: Generation, boundary: int, stops: tuple[str, ...]
         if hit is not None:
             if end == len(gen.token_ids):
                 return gen
-            return Generation(gen.token_ids[:end], gen.logprobs[:end], gen.entropies[:end], "stop", stop_string=hit)
+            return Generation(gen.token_ids[:end], gen.logprobs[:end], gen.entropies[:end], "stop", stop_string=hit,
+                              versions=None if gen.versions is None else gen.versions[:end])
     return gen
 
 

@@ -38,6 +38,16 @@ class GRPOConfig:
         rollout_correction_level: `token` (rho per token) or `sequence` (the
             product of a trajectory's token ratios, on each of its tokens).
         rollout_correction_cap: C, the cap on rho (> 1; verl's default 2; TRL's default is now 3.0).
+        off_policy: `none`, or `decoupled`: AReaL's decoupled PPO objective (Fu
+            et al., 2025) for asynchronous training (`trainer.max_staleness`):
+            the ratio is clipped around the proximal policy (the old logprobs
+            the trainer recomputes under its current weights) and each token's
+            loss is weighed by pi_proximal / pi_behaviour (the sampler's
+            logprobs, from the version that sampled it). Exclusive with
+            `rollout_correction`, which weighs by the same ratio, truncated or masked.
+        behaviour_weight_cap: Under `decoupled`, tokens whose pi_proximal /
+            pi_behaviour exceeds this cap get weight 0 (they still count in the
+            normalizer; AReaL's `behav_imp_weight_cap`); None: no cap.
     """
 
     group_size: int = 8
@@ -49,6 +59,8 @@ class GRPOConfig:
     rollout_correction: Literal["none", "tis", "mis"] = "none"
     rollout_correction_level: Literal["token", "sequence"] = "token"
     rollout_correction_cap: float = 2.0
+    off_policy: Literal["none", "decoupled"] = "none"
+    behaviour_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -69,3 +81,13 @@ class GRPOConfig:
                     f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
                 )
         check_number("algorithm.rollout_correction_cap", self.rollout_correction_cap, low=1.0)
+        if self.off_policy not in ("none", "decoupled"):
+            raise ConfigError("algorithm.off_policy", f"must be 'none' or 'decoupled', got {self.off_policy!r}")
+        if self.off_policy == "decoupled" and self.rollout_correction != "none":
+            raise ConfigError(
+                "algorithm.off_policy",
+                f"'decoupled' weighs each token by pi_proximal / pi_behaviour already; set "
+                f"algorithm.rollout_correction to 'none' (got {self.rollout_correction!r}), or use it instead",
+            )
+        if self.behaviour_weight_cap is not None:
+            check_number("algorithm.behaviour_weight_cap", self.behaviour_weight_cap, low=1.0)

@@ -36,3 +36,5 @@ class GSPOConfig(GRPOConfig):
             raise ConfigError(
                 "algorithm.rollout_correction", f"must be 'none' for gspo, got {self.rollout_correction!r}"
             )
+        if self.off_policy != "none":
+            raise ConfigError("algorithm.off_policy", f"must be 'none' for gspo (its sequence loss), got {self.off_policy!r}")

@@ -310,7 +310,8 @@ class EpisodeRecord:
                gen_time_s: float) -> Thread:  # fmt: skip
         """Add an answered request to its trajectory (or a new one); remember the turn for recognition."""
         thread = prep.thread
-        policy = Segment("policy", list(gen.token_ids), list(gen.logprobs), list(gen.entropies))
+        policy = Segment("policy", list(gen.token_ids), list(gen.logprobs), list(gen.entropies),
+                         None if gen.versions is None else list(gen.versions))
         ids = list(gen.token_ids)
         raw_ids = ids[:-1] if ids and self._eos_id is not None and ids[-1] == self._eos_id else ids
         turn_text = self.chat.decode(ids)
@@ -347,7 +348,8 @@ class EpisodeRecord:
             out.append(Trajectory(
                 task_id=task_id,
                 segments=[Segment(s.source, list(s.token_ids), None if s.logprobs is None else list(s.logprobs),
-                                  None if s.entropies is None else list(s.entropies)) for s in t.segments],
+                                  None if s.entropies is None else list(s.entropies),
+                                  None if s.versions is None else list(s.versions)) for s in t.segments],
                 finish_reason=t.finish_reason,
                 tool_calls=dict(t.tool_calls),
                 gen_time_s=t.gen_time_s,
