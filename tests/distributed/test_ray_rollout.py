@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray  # the `ray` extra: the README's test command installs it
 import torch
 import yaml
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.docker]
-
-ray = pytest.importorskip("ray")  # the `ray` extra: the README's test command installs it
 
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "agentenv-test"
