@@ -192,6 +192,75 @@ def test_sigkilled_worker_mid_step(trainer):
     _check_workers_match_trainer(trainer, prompt)
 
 
+def test_a_dead_tool_service_gives_tool_errors_and_is_restarted(trainer):
+    import time
+
+    from agentenv.errors import ToolError
+
+    tool = trainer.rt.tools["python"]
+    before = ray.get(tool.actor.describe.remote())
+    session = tool.fork()
+    assert "42" in asyncio.run(session("print(6 * 7)")).text
+    os.kill(before["pid"], signal.SIGKILL)
+    with pytest.raises(ToolError, match="tool service died|is lost"):  # its call, or its session after the restart
+        asyncio.run(session("print(1)"))
+    end = time.monotonic() + 120
+    while True:  # Ray restarts the service; a new episode's session works
+        try:
+            result = asyncio.run(tool.fork()("print(6 * 7)"))
+            break
+        except ToolError:
+            assert time.monotonic() < end, "the tool service did not come back"
+            time.sleep(1)
+    assert result.ok and "42" in result.text
+    after = ray.get(tool.actor.describe.remote())
+    assert after["pid"] != before["pid"] and after["node_id"] == before["node_id"]  # restarted on the docker node
+    with pytest.raises(ToolError, match="is lost"):
+        asyncio.run(session("print(1)"))
+
+
+def test_a_worker_past_its_deadline_is_restarted_with_the_current_weights(cluster):
+    from agentenv.distributed.client import RayPolicy
+    from agentenv.distributed.worker import RolloutWorker, WeightStore
+    from agentenv.errors import InfraError
+    from agentenv.types import SamplingParams
+
+    if not ray.is_initialized():  # run alone (-k): the module's trainer has not joined yet
+        ray.init(address=cluster.address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+
+    class Hangs:  # a policy whose engine never answers (defined here: Ray ships it by value)
+        tokenizer = None
+
+        def __init__(self):
+            self.weight_version = 0
+            self.loaded = None
+
+        async def generate(self, prompt_ids, params):
+            await asyncio.sleep(3600)
+
+        def load_weights(self, named_tensors):
+            self.loaded = dict(named_tensors)
+            self.weight_version += 1
+
+    store = ray.remote(WeightStore).remote()
+    worker = ray.remote(RolloutWorker).options(max_restarts=-1, max_task_retries=0, num_cpus=0).remote(0, Hangs, store)
+    policy = RayPolicy([worker], store, None, deadline_s=2.0)
+    try:
+        policy.load_weights([("w", torch.ones(3))])
+        before = policy.worker_info()[0]
+        assert before["version"] == policy.weight_version == 1
+        with pytest.raises(InfraError, match="did not answer within rollout.ray.deadline_s=2 s"):
+            asyncio.run(policy.generate([1, 2, 3], SamplingParams(max_tokens=4)))
+        assert policy.router.live() == []  # down until it is back with the current weights
+        policy.load_weights([("w", torch.full((3,), 2.0))])  # a push while it restarts
+        policy.wait_until_all_up(120)
+        after = policy.worker_info()[0]
+        assert after["pid"] != before["pid"] and after["version"] == policy.weight_version == 2
+    finally:
+        policy.close()
+        ray.kill(store)
+
+
 def test_two_trainer_processes_share_the_workers(trainer, overrides, tmp_path):
     from agentenv.configs import config_from_dict
 
