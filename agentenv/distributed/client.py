@@ -46,6 +46,9 @@ def tensor_chunks(items: Iterable[tuple[str, Any]], chunk_bytes: int) -> Iterato
         yield chunk
 
 
+STORES: dict[str, Any] = {}
+"""The run's `WeightStore` handle per namespace, held while this process uses it: Ray ends an actor nobody holds."""
+
 _AWAIT_PUSH = "await-push"
 """In `_revive`: a restarted worker that gets its weights with the next NCCL broadcast."""
 
@@ -209,7 +212,7 @@ class RayPolicy:
         calls = {i: self.workers[i].sync.remote() for i in self.router.live()}
         for i, call in calls.items():
             try:
-                ray.get(call, timeout=self.deadline_s or _PUSH_TIMEOUT_S)
+                ray.get(call, timeout=_PUSH_TIMEOUT_S)  # a load (and a worker still starting) may take long
             except GetTimeoutError:
                 self._lost(i, kill=True)
             except RayActorError:
@@ -247,7 +250,7 @@ class RayPolicy:
         self._group.send(items)
         for i, call in calls.items():
             try:
-                ray.get(call, timeout=self.deadline_s or _PUSH_TIMEOUT_S)
+                ray.get(call, timeout=_PUSH_TIMEOUT_S)  # a load (and a worker still starting) may take long
             except (GetTimeoutError, RayActorError):
                 self._group_members = []  # rebuilt at the next push
                 self._lost(i, kill=True)
@@ -297,3 +300,6 @@ class RayPolicy:
                 pass
             ray.kill(w, no_restart=True)
         ray.kill(self.store, no_restart=True)
+        for namespace, held in list(STORES.items()):
+            if held == self.store:
+                del STORES[namespace]
