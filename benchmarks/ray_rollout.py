@@ -110,7 +110,7 @@ def random_qwen2(folder: str) -> str:
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816, num_hidden_layers=18,
                       num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
                       tie_word_embeddings=True)  # fmt: skip
     model = Qwen2ForCausalLM(cfg)
