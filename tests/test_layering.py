@@ -23,9 +23,10 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"envs", "tools", "tasks", "policies"},
     "algorithms": {"rollout", "envs", "tools", "tasks", "policies"},
     "toy": {"rollout", "envs", "tools", "tasks", "policies"},
+    "distributed": {"rollout", "envs", "tools", "tasks", "policies"},
     "configs": {"algorithms", "rollout", "envs", "tools", "tasks", "policies"},
-    "training": {"configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
-    "bench": {"training", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
+    "training": {"distributed", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
+    "bench": {"training", "distributed", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
 }
 TOP = {"__init__", "__main__", "cli"}  # the package root and the command stand above everything
 

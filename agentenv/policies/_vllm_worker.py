@@ -67,6 +67,25 @@ class WorkerExtension:
         _refresh_tied_lm_head(model)
         return len(staged)
 
+    def agentenv_nccl_join(self, host: str, port: int, rank_offset: int, world_size: int) -> int:
+        """Join the trainer's weight-broadcast group (`agentenv.policies.weight_group`) as rank
+        `rank_offset` + this worker's tensor-parallel rank; returns that rank."""
+        from agentenv.policies.weight_group import WeightGroup
+
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        old = self.__dict__.pop("_agentenv_group", None)
+        if old is not None:
+            old.close()
+        self.__dict__["_agentenv_group"] = WeightGroup(host, port, rank, world_size, backend="nccl", device=self.device)
+        return rank
+
+    def agentenv_nccl_receive(self) -> int:
+        """Receive one push's tensors from the group, then load them in one reload; returns their count."""
+        staged = self.__dict__.setdefault("_agentenv_staged", {})
+        for name, tensor in self.__dict__["_agentenv_group"].receive():
+            staged[name] = tensor
+        return self.agentenv_commit_weights()
+
     def agentenv_drop_staged_weights(self) -> None:
         """Forget staged chunks (after a failed transfer)."""
         self.__dict__.pop("_agentenv_staged", None)

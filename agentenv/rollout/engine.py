@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -27,6 +28,7 @@ from agentenv._loops import gather_settled
 from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv
 from agentenv.errors import InfraError
 from agentenv.policies.base import Policy
+from agentenv.policies.routing import ROUTE_KEY
 from agentenv.rollout.config import MIN_EPISODE_TIMEOUT_S, RolloutConfig  # noqa: F401  (re-exported: RolloutConfig's home was here)
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
@@ -131,6 +133,8 @@ class Episode:
         self.generated_tokens = 0
         self.turns = 0
         self._calls = 0
+        self.route_key = uuid.uuid4().hex
+        """Sent with each `generate` (`agentenv.policies.routing`): a distributed policy keeps the trajectory on one engine."""
 
     @property
     def done(self) -> bool:
@@ -179,6 +183,7 @@ class Episode:
         prompt = self.env.context + list(done)
         t0 = time.perf_counter()
         limit = self.config.generation_limit_s
+        token = ROUTE_KEY.set(self.route_key)  # wait_for's task copies the context, key included
         try:
             gen = await asyncio.wait_for(self.policy.generate(prompt, params), limit)
         except TimeoutError as e:
@@ -187,6 +192,7 @@ class Episode:
                 f"(prompt {len(prompt)} tokens); raise rollout.generation_timeout_s or check the policy backend"
             ) from e
         finally:
+            ROUTE_KEY.reset(token)
             self.gen_time_s += time.perf_counter() - t0
         if not isinstance(gen, Generation):
             raise TypeError(f"policy.generate returned {type(gen).__name__}, expected agentenv.types.Generation")
@@ -212,6 +218,7 @@ class Episode:
         """A branch: the env forked (context, counters, tools), a new seed for what follows."""
         new = Episode(self.policy, self.env.fork(), self.params, seed, self.config)
         new.turns = self.turns
+        new.route_key = self.route_key  # its prefix is the parent's: same engine, prefix-cache hits
         return new
 
     def trajectory(self) -> Trajectory:

@@ -6,6 +6,8 @@ heavy is imported here, inside functions, when a config asks for it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from agentenv.errors import ConfigError, ToolError
 from agentenv.policies.backends import build_policy
 from agentenv.policies.base import Policy
 from agentenv.policies.models import resolve_model_path
+from agentenv.rollout.config import RayRolloutConfig
 from agentenv.tasks.sources import TaskSet
 from agentenv.tools.base import Tool
 from agentenv.types import Tokenizer
@@ -76,9 +79,10 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: 
         )
 
 
-def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
+def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dict[str, Any]:
     """Prototype tools by `tool.name`, the tag the model calls them by (episodes fork them); a factory that makes
-    several (`mcp`) gives a list.
+    several (`mcp`) gives a list. With `ray` (`rollout.placement: ray`), the tools it names are served by Ray
+    actors placed by their resources (`agentenv.distributed.tools`).
 
     Raises:
         ConfigError: Two tools have one name (two MCP servers' tools, or an MCP tool named like a built-in one):
@@ -87,7 +91,12 @@ def build_tools(cfg: AgentEnvConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
     for name, (part, config) in cfg.tool_parts().items():
-        made = part.make(config)
+        if ray is not None and name in ray.tools:
+            from agentenv.distributed.cluster import start_tool
+
+            made = start_tool(ray, name, functools.partial(part.make, config))
+        else:
+            made = part.make(config)
         for tool in made if isinstance(made, (list, tuple)) else [made]:
             if tool.name in out:
                 raise ConfigError(
@@ -176,6 +185,8 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
         raise ConfigError("model.path", f"cannot load a tokenizer from {path!r}: {first_line(e)}") from None
     tasks = cfg.env.tasks.load()
     check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
+    if cfg.rollout.placement == "ray":
+        return _build_ray_runtime(cfg, path, tokenizer, tasks)
     tools = build_tools(cfg.env)
     policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
     rt = Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
@@ -191,3 +202,31 @@ def build_agent_runner(cfg: RunConfig, tokenizer: Tokenizer) -> Any:
 
     chat = ChatTemplate.from_config(tokenizer, cfg.env.chat_template, cfg.env.chat_template_kwargs)
     return AgentRunner(cfg.rollout.agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)
+
+
+def ray_policy_factory(cfg: RunConfig, model_path: str) -> Any:
+    """A picklable `() -> Policy` that builds the run's backend inside a rollout worker.
+
+    Under `rollout.ray.tensor_parallel_size > 1` the vllm backend runs its
+    tensor-parallel workers through vLLM's Ray executor, in the worker's
+    placement group.
+    """
+    config = cfg.backend_config
+    tp = cfg.rollout.ray.tensor_parallel_size
+    if tp > 1 and cfg.policy.backend == "vllm":
+        kwargs = {**config.engine_kwargs, "distributed_executor_backend": "ray"}
+        config = dataclasses.replace(config, tensor_parallel_size=tp, engine_kwargs=kwargs)
+    return functools.partial(build_policy, cfg.policy.backend, config, model_path)
+
+
+def _build_ray_runtime(cfg: RunConfig, path: str, tokenizer: Tokenizer, tasks: TaskSet) -> Runtime:
+    """`rollout.placement: ray`: join the cluster, start (or find) the workers and the tools named in `rollout.ray.tools`."""
+    rc = cfg.rollout.ray
+    try:
+        from agentenv.distributed import cluster
+    except ImportError as e:
+        raise ConfigError("rollout.placement", f"ray needs Ray: pip install 'agentenv[ray]' ({first_line(e)})") from None
+    cluster.connect(rc)
+    tools = build_tools(cfg.env, rc)
+    policy = cluster.start_policy(rc, ray_policy_factory(cfg, path), tokenizer)
+    return Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))

@@ -262,15 +262,37 @@ class VLLMPolicy:
         engine's RPC), which works for every device and tensor-parallel size;
         each worker holds a host copy of the full weights until the commit.
         """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+
+        def transfer() -> None:
+            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
+                self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
+
+        self._update(transfer)
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int) -> list[int]:
+        """Join a trainer's weight-broadcast group (`agentenv.policies.weight_group`, NCCL): every
+        tensor-parallel worker as rank `rank_offset` + its rank. Returns their ranks."""
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        ranks: list[int] = self._loop.run(
+            self._engine.collective_rpc("agentenv_nccl_join", args=(host, port, rank_offset, world_size))
+        )
+        return ranks
+
+    def load_weights_from_group(self) -> None:
+        """`load_weights` with the tensors broadcast by the group's rank 0 (the GPU path; blocks until they arrived)."""
+        self._update(lambda: self._loop.run(self._engine.collective_rpc("agentenv_nccl_receive")))
+
+    def _update(self, transfer: Any) -> None:
+        """Pause (running requests finish on the old weights), transfer and load, reset the prefix cache, resume."""
+        if self._closed:
+            raise RuntimeError("VLLMPolicy is closed")
         engine = self._engine
         self._loop.run(engine.pause_generation(mode="wait", clear_cache=True))
         try:
-            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
-                self._loop.run(engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
-            self._loop.run(engine.collective_rpc("agentenv_commit_weights"))
+            transfer()
             if not self._loop.run(engine.reset_prefix_cache()):
                 raise InfraError("vLLM refused to reset its prefix cache after a weight update")
             self.weight_version += 1  # before the resume: a request's first output tells its version

@@ -1,0 +1,305 @@
+"""`RayPolicy`: the trainer's `Policy` over the run's rollout workers.
+
+`generate` goes to the worker the router picks (sticky by the episode's
+`ROUTE_KEY`); a worker that dies under a call, or leaves it unanswered past
+`deadline_s`, fails that call with `InfraError` (the rollout records a failed
+trajectory and the step goes on), is marked down, and, killed if it hung, is
+restarted by Ray; it serves again once it reports the current weight version.
+
+`load_weights` on the lead process (rank 0) puts the weights in the object
+store in chunks, stages them in the `WeightStore` as the next version, and has
+every live worker load them; the other processes only wait for that version.
+So `weight_version` is the store's version, the same on every process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from agentenv.distributed.router import RouteMode, Router
+from agentenv.errors import InfraError
+from agentenv.policies.routing import ROUTE_KEY
+from agentenv.types import Generation, SamplingParams, Tokenizer
+
+_PUSH_TIMEOUT_S = 1800.0
+"""Bound on one worker's load, and on a follower's wait for the lead's push."""
+
+
+def tensor_chunks(items: Iterable[tuple[str, Any]], chunk_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """`[(name, cpu tensor), ...]` lists of about `chunk_bytes` each (copies: the trainer keeps training its own)."""
+    chunk: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in items:
+        t = tensor.detach().to("cpu", copy=True).contiguous()
+        chunk.append((name, t))
+        size += t.numel() * t.element_size()
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+STORES: dict[str, Any] = {}
+"""The run's `WeightStore` handle per namespace, held while this process uses it: Ray ends an actor nobody holds."""
+
+_AWAIT_PUSH = "await-push"
+"""In `_revive`: a restarted worker that gets its weights with the next NCCL broadcast."""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+class RayPolicy:
+    """A `Policy` whose engines are Ray actors.
+
+    Args:
+        workers: The rollout workers' actor handles.
+        store: The run's `WeightStore` actor.
+        tokenizer: The model's tokenizer.
+        lead: This process pushes the weights (rank 0); others wait for its pushes.
+        owner: This process started the actors and ends them at `close`.
+        deadline_s: A call unanswered this long: its worker is killed (Ray restarts it).
+        chunk_bytes: Size of a weight chunk in the object store.
+        route: `sticky` (the router's default) or `random` (a benchmark's baseline).
+    """
+
+    def __init__(
+        self, workers: list[Any], store: Any, tokenizer: Tokenizer, *, lead: bool = True, owner: bool = True,
+        deadline_s: float | None = 600.0, chunk_bytes: int = 64 << 20, route: RouteMode = "sticky",
+        transport: Literal["object_store", "nccl"] = "object_store", gpus_per_worker: int = 1,
+    ):  # fmt: skip
+        self.workers = workers
+        self.store = store
+        self.tokenizer = tokenizer
+        self.lead = lead
+        self.owner = owner
+        self.deadline_s = deadline_s
+        self.chunk_bytes = chunk_bytes
+        self.router = Router(len(workers), route)
+        self.weight_version: int = ray.get(store.latest.remote())[0]
+        self._refs: list[Any] = []  # the newest chunks: held so that a restarted worker can pull them
+        self._revive: dict[int, Any] = {}  # down worker -> its pending `sync` call
+        self.failures = 0
+        """Calls failed by a dead or late worker."""
+        self.restarts = 0
+        """Workers brought back after a failure."""
+        self._closed = False
+        self.transport = transport
+        self.gpus_per_worker = max(1, gpus_per_worker)
+        self._group: Any = None  # the lead's WeightGroup (transport nccl)
+        self._group_members: list[int] = []
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """One continuation from the worker the router picks for the current episode."""
+        if self._closed:
+            raise RuntimeError("RayPolicy is closed")
+        self.poll()
+        if not self.router.live():
+            await self._wait_for_a_worker()
+        i = self.router.pick(ROUTE_KEY.get())
+        self.router.started(i)
+        ref = self.workers[i].generate.remote([int(t) for t in prompt_ids], params)
+        try:
+            gen: Generation = await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.deadline_s)
+            return gen
+        except TimeoutError:
+            self._lost(i, kill=True)
+            raise InfraError(
+                f"rollout worker {i} did not answer within rollout.ray.deadline_s={self.deadline_s:g} s: restarting it"
+            ) from None
+        except RayActorError as e:
+            self._lost(i, kill=False)
+            raise InfraError(f"rollout worker {i} died: {_first_line(e)}") from None
+        except asyncio.CancelledError:  # the episode's own limit: free the engine of the request
+            ray.cancel(ref)
+            raise
+        finally:
+            self.router.finished(i)
+
+    def _lost(self, i: int, *, kill: bool) -> None:
+        self.failures += 1
+        if not self.router.up[i]:
+            return
+        self.router.mark_down(i)
+        if kill:
+            ray.kill(self.workers[i], no_restart=False)
+        # Queued until Ray has restarted the actor, whose constructor loads the newest weights.
+        self._revive[i] = self.workers[i].sync.remote()
+
+    def poll(self) -> None:
+        """Bring back the down workers that answer with the current weights (never blocks)."""
+        for i, ref in list(self._revive.items()):
+            if ref is _AWAIT_PUSH:
+                continue
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            try:
+                version = ray.get(ref)
+            except Exception:  # noqa: BLE001 - died again, or the weights' owner is gone: ask again
+                self._revive[i] = self.workers[i].sync.remote()
+                continue
+            if version < self.weight_version:  # a push went on while it was down
+                if self.transport == "nccl":  # its weights come with the next broadcast (the group is rebuilt)
+                    self._revive[i] = _AWAIT_PUSH
+                    continue
+                self._revive[i] = self.workers[i].sync.remote()
+                continue
+            del self._revive[i]
+            self.router.mark_up(i)
+            self.restarts += 1
+
+    async def _wait_for_a_worker(self) -> None:
+        end = None if self.deadline_s is None else time.monotonic() + self.deadline_s
+        while not self.router.live():
+            if end is not None and time.monotonic() > end:
+                raise InfraError(f"no rollout worker came back within rollout.ray.deadline_s={self.deadline_s:g} s")
+            await asyncio.sleep(0.1)
+            self.poll()
+
+    def wait_until_all_up(self, timeout_s: float) -> None:
+        """Block until every worker serves the current weights (tests, benchmarks, the end of a run)."""
+        end = time.monotonic() + timeout_s
+        while len(self.router.live()) < len(self.workers):
+            if time.monotonic() > end:
+                raise InfraError(f"workers {sorted(self._revive)} did not come back within {timeout_s:g} s")
+            time.sleep(0.1)
+            self.poll()
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
+        """Push the trainer's weights to every worker as a new version (blocks until they serve it).
+
+        Every process calls it (sharded weights are gathered collectively); the
+        lead sends, the others wait for the lead's version. A worker that fails
+        to load is marked down and catches up when Ray has restarted it.
+        """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        if not self.lead:
+            for _ in items:  # take part in the gathers
+                pass
+            self.weight_version = ray.get(self.store.wait_committed.remote(self.weight_version, _PUSH_TIMEOUT_S))
+            return
+        # Owned by this process (Ray ties an object to its owner): the lead holds the newest weights for the run.
+        if self.transport == "nccl":
+            self._push_nccl(items)
+            return
+        refs = [ray.put(chunk) for chunk in tensor_chunks(items, self.chunk_bytes)]
+        version: int = ray.get(self.store.stage.remote(refs))
+        self._refs = refs  # the previous version's chunks are freed with the old list
+        self.weight_version = version
+        self.poll()
+        calls = {i: self.workers[i].sync.remote() for i in self.router.live()}
+        for i, call in calls.items():
+            try:
+                ray.get(call, timeout=_PUSH_TIMEOUT_S)  # a load (and a worker still starting) may take long
+            except GetTimeoutError:
+                self._lost(i, kill=True)
+            except RayActorError:
+                self._lost(i, kill=False)
+        for i in list(self._revive):  # down: they load this version as they come back
+            self._revive[i] = self.workers[i].sync.remote()
+        ray.get(self.store.commit.remote(version))
+
+    def _push_nccl(self, items: Iterable[tuple[str, Any]]) -> None:
+        """The GPU path: broadcast the tensors over the NCCL weight group, one at a time, no host copy.
+
+        The store gets the version without chunks, so a worker Ray restarts
+        cannot pull them: it waits, down, for the next push, which rebuilds the
+        group with it (a group's members are fixed when it is made).
+        """
+        from agentenv.policies.weight_group import WeightGroup
+
+        version: int = ray.get(self.store.stage.remote([]))
+        self.weight_version = version
+        self.poll()
+        members = sorted(self.router.live() + [i for i, r in self._revive.items() if r is _AWAIT_PUSH])
+        if self._group is None or members != self._group_members:
+            if self._group is not None:
+                self._group.close()
+            host, port = ray.util.get_node_ip_address(), _free_port()
+            world = 1 + len(members) * self.gpus_per_worker
+            self._group = WeightGroup(host, port, 0, world, backend="nccl", device="cuda")
+            joins = [
+                self.workers[i].join_weight_group.remote(host, port, 1 + k * self.gpus_per_worker, world)
+                for k, i in enumerate(members)
+            ]
+            ray.get(joins, timeout=_PUSH_TIMEOUT_S)
+            self._group_members = members
+        calls = {i: self.workers[i].receive_weights.remote(version) for i in members}
+        self._group.send(items)
+        for i, call in calls.items():
+            try:
+                ray.get(call, timeout=_PUSH_TIMEOUT_S)  # a load (and a worker still starting) may take long
+            except (GetTimeoutError, RayActorError):
+                self._group_members = []  # rebuilt at the next push
+                self._lost(i, kill=True)
+                continue
+            if self._revive.get(i) is _AWAIT_PUSH:
+                del self._revive[i]
+                self.router.mark_up(i)
+                self.restarts += 1
+        ray.get(self.store.commit.remote(version))
+
+    # ------------------------------------------------------------------ observation and lifetime
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Each live worker's `RolloutWorker.info()` (pid, node, version, engine counters)."""
+        return [ray.get(self.workers[i].info.remote()) for i in self.router.live()]
+
+    def metrics(self) -> dict[str, float]:
+        """Engine counters summed over the live workers; the prefix-cache hit rate over all of them."""
+        infos = self.worker_info()
+        out: dict[str, float] = {}
+        for info in infos:
+            for k, v in info["metrics"].items():
+                out[k] = out.get(k, 0.0) + float(v)
+        if out.get("prompt_tokens"):
+            out["prefix_cache_hit_rate"] = out.get("cached_prompt_tokens", 0.0) / out["prompt_tokens"]
+        out.update({"workers_up": float(len(infos)), "failures": float(self.failures), "restarts": float(self.restarts)})
+        return out
+
+    def reset_metrics(self) -> None:
+        ray.get([self.workers[i].reset_metrics.remote() for i in self.router.live()])
+
+    def close(self) -> None:
+        """The owner shuts every engine down and ends the actors; others only let go. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._refs = []
+        if self._group is not None:
+            self._group.close()
+        if not self.owner:
+            return
+        closing = [w.close.remote() for w in self.workers]
+        for w, call in zip(self.workers, closing, strict=True):
+            try:
+                ray.get(call, timeout=120)
+            except Exception:  # noqa: BLE001 - a dead or hung worker is killed below all the same
+                pass
+            ray.kill(w, no_restart=True)
+        ray.kill(self.store, no_restart=True)
+        for namespace, held in list(STORES.items()):
+            if held == self.store:
+                del STORES[namespace]
