@@ -32,12 +32,19 @@ def _argument(tool: Any) -> str:
     return next(iter(props))
 
 
+def _lead(thought: str, think: bool, explain: bool) -> str:
+    if not explain:
+        return ""
+    return f"<think>{thought}</think>\n" if think else f"{thought}\n"
+
+
 def _estimated(task: Task, share: float) -> bool:
     return task.metadata.get("kind") == "arith" and zlib.crc32(task.id.encode()) % 1000 < share * 1000
 
 
 def solve(
-    task: Task, tools: Mapping[str, Any], tool_format: str, estimate_share: float = 0.0, think: bool = False
+    task: Task, tools: Mapping[str, Any], tool_format: str, estimate_share: float = 0.0, think: bool = False,
+    explain: bool = True,
 ) -> list[str] | None:
     """The policy turns that solve a toy task in `tool_format`, or None (not a toy task, or a tool is missing).
 
@@ -48,6 +55,8 @@ def solve(
         estimate_share: Share of arithmetic tasks answered by an estimate, without the tool.
         think: Open hermes turns with the reference's reasoning in `<think></think>`
             (else as a plain sentence).
+        explain: Write that reasoning at all in hermes turns (False: the call or the answer alone, the
+            shortest turns: "I will compute it with python." is 8 of SmolLM2's tokens).
     """
     from agentenv.toy.tiny.traces import estimate_turns
 
@@ -69,8 +78,6 @@ def solve(
     turns = []
     for th, step in zip(thinks, solution):
         call = {"name": step["tool"], "arguments": {_argument(tools[step["tool"]]): step["query"]}}
-        lead = f"<think>{th}</think>" if think else th
-        turns.append(f"{lead}\n<tool_call>\n{json.dumps(call)}\n</tool_call>")
-    lead = f"<think>{thinks[-1]}</think>" if think else thinks[-1]
-    turns.append(f"{lead}\n<answer>\\boxed{{{task.ground_truth}}}</answer>")
+        turns.append(f"{_lead(th, think, explain)}<tool_call>\n{json.dumps(call)}\n</tool_call>")
+    turns.append(f"{_lead(thinks[-1], think, explain)}<answer>\\boxed{{{task.ground_truth}}}</answer>")
     return turns

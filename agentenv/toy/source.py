@@ -69,7 +69,7 @@ class ToyTasksConfig:
 
 def toy_tasks(cfg: ToyTasksConfig) -> TaskSet:
     """The toy suite of `cfg.seed`, restricted to `cfg.kinds` (train and held-out splits)."""
-    sizes = {f"n_{k}_heldout": cfg.n_heldout for k in cfg.kinds} if cfg.n_heldout is not None else {}
+    sizes: dict[str, Any] = {f"n_{k}_heldout": cfg.n_heldout for k in cfg.kinds} if cfg.n_heldout is not None else {}
     suite = build_toy_suite(ToyConfig(seed=cfg.seed, **sizes))
     kinds = set(cfg.kinds)
     train = [t for t in suite.train if t.metadata["kind"] in kinds]

@@ -139,3 +139,32 @@ def test_sft_needs_data_or_a_solver(tmp_path):
     cfg["sft"] = {"data": str(tmp_path / "c.jsonl"), "solver": "agentenv.toy.solver:solve"}
     with pytest.raises(Exception, match="not both"):
         config_from_dict(cfg)
+
+
+@pytest.mark.slow
+def test_the_smollm2_recipe_runs_one_step_of_each_stage(tmp_path, smollm2_path):
+    """configs/smollm2_sft_grpo.yaml, made small: one SFT step (the real sandbox answers the solver's calls), then
+    one GRPO step that starts from the SFT export."""
+    from agentenv.configs import load_config
+    from agentenv.training.sft import SFTTrainer
+    from agentenv.training.trainer import Trainer
+
+    small = ["policy.backend=hf", "env.tools.python.pool_size=1", "logging.progress=false"]
+    cfg = load_config("configs/smollm2_sft_grpo.yaml", [
+        *small, "sft.examples=2", "sft.steps=1", "sft.batch_size=2", f"sft.output_dir={tmp_path / 'sft'}",
+    ])  # fmt: skip
+    result = SFTTrainer(cfg).train()
+    assert result.metrics["examples"] == 2 and math.isfinite(result.metrics["sft/loss"])
+    assert ckpt.verify(tmp_path / "sft" / "checkpoints" / "step_000001") is None
+    rl = load_config("configs/smollm2_sft_grpo.yaml", [
+        *small, f"model.path={result.model_dir}", "algorithm.group_size=2", "trainer.steps=1",
+        "trainer.tasks_per_step=1", "trainer.mini_batch_tasks=1", "trainer.micro_batch_size=2",
+        f"trainer.output_dir={tmp_path / 'rl'}",
+    ])  # fmt: skip
+    trainer = Trainer(rl)
+    try:
+        m = trainer.train_step(0)
+    finally:
+        trainer.close()
+    assert m["rollout/trajectories"] == 2 and m["rollout/failed"] == 0, m
+    assert math.isfinite(m["train/grad_norm"])
