@@ -181,7 +181,10 @@ def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Any, re
 
     An example ends with an answer or EOS, its calls all went through, its policy
     tokens are exactly its turns (none cut at `policy.max_turn_tokens` or by the
-    context), and with `require_correct` (a solver's) the reward judged it correct.
+    context). With `require_correct` (a solver's), one that calls a tool must be
+    judged correct by the reward (a misread result would teach a wrong step), and
+    one that calls none must be well formed (it is kept as written, right or
+    wrong: a solver may answer without the tool on purpose).
     """
     if traj.failed:
         return f"failed: {traj.error}"
@@ -195,8 +198,10 @@ def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Any, re
               for t, turn in zip(played, conversation.turns)]  # fmt: skip
     if played != list(conversation.turns):
         return "the env did not play the turns as written"
-    if require_correct and not traj.correct:
+    if require_correct and traj.num_tool_calls and not traj.correct:
         return "not correct"
+    if require_correct and not traj.num_tool_calls and not traj.info.get("reward", {}).get("format_ok", False):
+        return "not well formed"
     return None
 
 
