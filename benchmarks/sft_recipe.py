@@ -24,7 +24,7 @@ def main() -> None:
         name, rest = item.split("=", 1)
         path, _, seconds = rest.rpartition(":")
         rep = json.loads(open(path).read())
-        n = int(rep["n_tasks"]) * int(rep["n_samples"])
+        n = int(rep["n_samples"])  # every sample of every task
         iv = wilson_interval(round(rep["accuracy"] * n), n)
         wall = f"{float(seconds) / 60:.1f} min" if float(seconds) else "-"
         print(f"| {name} | {iv.mean:.3f} ({round(iv.mean * n)}/{n}) | [{iv.low:.3f}, {iv.high:.3f}] | "
