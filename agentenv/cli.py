@@ -1,4 +1,4 @@
-"""The `agentenv` command: train, eval, export, bench, tiny, sandbox."""
+"""The `agentenv` command: sft, train, eval, export, bench, tiny, sandbox."""
 
 from __future__ import annotations
 
@@ -52,6 +52,24 @@ def train(
         if start is not None:  # the same held-out tasks and sampling seeds before the first step
             out.update(heldout_accuracy_at_start=start.accuracy, by_kind_at_start=start.by_kind)
         typer.echo(json.dumps(out, indent=1))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def sft(
+    config: Path = typer.Argument(..., help="YAML run config with an `sft` section, e.g. configs/smollm2_sft_grpo.yaml"),
+    overrides: list[str] | None = typer.Argument(None, help="dotted.key=value overrides"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in sft.output_dir."),
+) -> None:
+    """Cold-start SFT on tool-use conversations (the RL loss mask); exports sft.output_dir/model for `train`."""
+    cfg = _load(config, overrides or [])
+    from agentenv.training.sft import SFTTrainer
+
+    try:
+        result = SFTTrainer(cfg, resume=resume).train()
+    except AgentEnvError as e:
+        _fail(e)
+    typer.echo(json.dumps({"output_dir": str(result.output_dir), "model": str(result.model_dir), **result.metrics},
+                          indent=1))  # fmt: skip
 
 
 @app.command("eval")

@@ -4,7 +4,7 @@ One section per part, and each section is that part's own config class:
 `model`, `policy` (`agentenv.policies.config.PolicyConfig`, with each backend's
 settings built as the backend's class), `env` (`agentenv.envs.config.AgentEnvConfig`),
 `rollout` (`agentenv.rollout.RolloutConfig`), `algorithm` (the plugin's class),
-`trainer`, `logging`. A default lives in one place. Every error names the dotted
+`trainer`, `logging`, `sft` (the cold-start SFT of `agentenv sft`). A default lives in one place. Every error names the dotted
 key and the bad value. Overrides use dotted keys:
 `agentenv train configs/toy_arpo.yaml algorithm.forks_per_branch=3`.
 Configs are never mutated after parsing.
@@ -238,6 +238,82 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    """Cold-start SFT (`agentenv sft CONFIG`): supervised fine-tuning on tool-use conversations, before RL.
+
+    Each conversation is replayed through the run's env (`env`: its tools'
+    schemas, tool-call format and chat template), so its tokens and loss mask
+    are those of an RL trajectory: the policy's turns trained, prompt and tool
+    results masked. The loss is the mean negative log-likelihood of the policy
+    tokens of a batch.
+
+    Attributes:
+        data: A JSONL or parquet file of conversations (`{"messages": [...]}` per
+            record: system and user, then assistant turns, each call answered by a
+            `tool` message whose content is replayed as the result). None: `solver`.
+        solver: `module:attr` of a scripted solver, `solver(task, tools, tool_format,
+            **solver_options) -> list[str] | None`: the assistant turns that solve a
+            training task of `env.tasks`; the env's real tools answer the calls.
+        solver_options: Keyword arguments of the solver.
+        examples: Conversations to train on (the first ones; with `solver`, of the
+            training tasks that it solves correctly).
+        epochs: Passes over the conversations (when `steps` is 0).
+        steps: Optimizer steps (0: `epochs` passes).
+        batch_size: Conversations per optimizer step.
+        micro_batch_size: Conversations per forward/backward.
+        lr: AdamW learning rate.
+        warmup_steps: Linear warmup in steps.
+        lr_schedule: After warmup, `constant` or `cosine` (to `lr * min_lr_ratio`).
+        min_lr_ratio: Where `cosine` ends, as a fraction of `lr`.
+        weight_decay: AdamW weight decay.
+        max_grad_norm: Gradient clipping norm.
+        output_dir: Checkpoints (the RL trainer's layout), `metrics.jsonl`, and the
+            exported model in `model/` (what `model.path` of the RL stage names).
+        checkpoint_every: Save every N steps (and at the end).
+        keep_checkpoints: How many recent checkpoints to keep.
+    """
+
+    data: str | None = None
+    solver: str | None = None
+    solver_options: Mapping[str, Any] = field(default_factory=dict)
+    examples: int = 256
+    epochs: int = 1
+    steps: int = 0
+    batch_size: int = 8
+    micro_batch_size: int = 4
+    lr: float = 1e-5
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    output_dir: str = "runs/sft"
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("examples", "epochs", "batch_size", "micro_batch_size", "checkpoint_every", "keep_checkpoints"):
+            check_number(f"sft.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
+        for key in ("steps", "warmup_steps"):
+            check_number(f"sft.{key}", getattr(self, key), low_ok=True, integer=True)
+        check_number("sft.lr", self.lr)
+        check_number("sft.max_grad_norm", self.max_grad_norm)
+        check_number("sft.weight_decay", self.weight_decay, low_ok=True)
+        check_number("sft.min_lr_ratio", self.min_lr_ratio, low_ok=True)
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError("sft.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.data is not None and self.solver is not None:
+            raise ConfigError("sft.data", f"give a file of conversations or sft.solver ({self.solver!r}), not both")
+        if self.data is not None and not str(self.data).endswith((".jsonl", ".json", ".parquet")):
+            raise ConfigError("sft.data", f"must be a .jsonl or .parquet file of conversations, got {self.data!r}")
+        if not isinstance(self.solver_options, Mapping):
+            raise ConfigError("sft.solver_options", f"expected a mapping, got {self.solver_options!r}")
+        object.__setattr__(self, "solver_options", dict(self.solver_options))
+        if not self.output_dir.strip():
+            raise ConfigError("sft.output_dir", "must name a folder, got ''")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A whole run: one section per part, each the part's own config class."""
 
@@ -248,6 +324,7 @@ class RunConfig:
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
         # Validate every named part now, so a typo or a bad option fails at load time.

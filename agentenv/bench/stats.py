@@ -123,6 +123,31 @@ def t_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, int(xs.size), confidence)
 
 
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
+    """A share of successes among `n` independent trials with its Wilson score interval.
+
+    (p + z²/2n ± z·√(p(1-p)/n + z²/4n²)) / (1 + z²/n), z the normal quantile; it
+    stays inside [0, 1] and is sound at 0 or n successes, where the Wald interval is not.
+    """
+    if n <= 0:
+        nan = float("nan")
+        return Interval(nan, nan, nan, 0, confidence)
+    z = float(np.sqrt(2.0)) * _erfinv(confidence)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
+
+
+def _erfinv(y: float) -> float:
+    """erf^-1(y) by bisection on math.erf (to 1e-12: the statistics need no scipy)."""
+    lo, hi = 0.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.erf(mid) < y else (lo, mid)
+    return (lo + hi) / 2
+
+
 def paired_differences(first: Mapping[int, float], other: Mapping[int, float]) -> dict[int, float]:
     """seed -> other[seed] - first[seed], over the seeds both have with finite values."""
     return {

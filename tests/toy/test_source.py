@@ -35,3 +35,14 @@ def test_tiny_is_a_registered_model(tiny_model_path):
     assert "tiny" in MODELS.registered()
     assert resolve_model_path("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"  # a hub id passes through
     assert resolve_model_path("agentenv.toy.model:TINY") == resolve_model_path("tiny") == str(tiny_model_path)
+
+
+def test_more_heldout_questions_and_another_system_prompt():
+    from agentenv.toy.source import toy_tasks
+
+    base = toy_tasks(ToyTasksConfig(kinds=("arith",)))
+    more = toy_tasks(ToyTasksConfig(kinds=("arith",), n_heldout=300, system_prompt="Use python."))
+    assert len(base.heldout) == 100 and len(more.heldout) == 300
+    assert [t.question for t in more.heldout[:100]] == [t.question for t in base.heldout]  # more only appends
+    assert [t.question for t in more.train] == [t.question for t in base.train]
+    assert all(t.messages[0] == {"role": "system", "content": "Use python."} for t in [*more.train, *more.heldout])
