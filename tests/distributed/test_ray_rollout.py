@@ -292,3 +292,41 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_asynchronous_steps_on_the_workers(trainer, overrides, tmp_path):
+    """trainer.max_staleness=1 with the Ray workers: rollout runs ahead on the workers while the trainer updates,
+    every batch holds the bound, and each token carries the version of the worker's weights that sampled it."""
+    from agentenv.configs import config_from_dict
+    from agentenv.training.trainer import Trainer
+
+    policy = trainer.rt.policy
+    cfg = config_from_dict({}, [
+        *overrides, "trainer.max_staleness=1", "trainer.steps=2", "trainer.seed=2",
+        f"trainer.output_dir={tmp_path / 'async'}",
+    ])  # fmt: skip
+    asyn = Trainer(cfg, runtime=trainer.rt)  # the same workers and sandbox
+    assert asyn.asynchronous
+    v0 = policy.weight_version
+    asyn.producer = asyn._start_producer()
+    batches = []
+    take = asyn.producer.take
+
+    def recording():
+        batches.append(take())
+        return batches[-1]
+
+    asyn.producer.take = recording
+    try:
+        metrics = [asyn.train_step(s) for s in range(2)]
+    finally:
+        asyn._stop_producer()
+        asyn._loop_thread.stop()  # the runtime is the module's: its trainer closes it
+    assert policy.weight_version == v0 + 2 and {i["version"] for i in policy.worker_info()} == {v0 + 2}
+    for m in metrics:
+        assert m["rollout/trajectories"] == 4 and m["rollout/failed"] == 0 and m["async/staleness_max"] <= 1
+    for b in batches:
+        versions = {v for g in b.groups for t in g for v in t.versions}
+        assert versions and None not in versions and versions <= {b.version - 1, b.version}, (versions, b.version)
+        assert b.staleness == [b.version - min(v for t in g for v in t.versions) for g in b.groups]
+    trainer.push_weights()  # the module's trainer's weights back in the workers
