@@ -115,7 +115,9 @@ def test_sampled_multi_turn_episodes_stay_exact(fmt, hf_policy, smollm2_tokenize
     params = SamplingParams(max_tokens=24, temperature=1.0)
 
     async def run(task, seed):
-        env = AgentEnv([search], tok, config={**config, "max_tool_calls": 2})
+        # 1,024 tokens of context: at T=1 this model can write malformed calls until the context is full (each is
+        # answered and checked, which is the point; 2,048 tokens of them took a minute on 2 cores)
+        env = AgentEnv([search], tok, config={**config, "max_tool_calls": 2, "max_context_tokens": 1024})
         ep = Episode(hf_policy, env, params, seed)
         ep.reset(task)
         await ep.run()
