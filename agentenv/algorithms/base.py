@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -128,7 +129,7 @@ class Sampler(Protocol):
     ) -> Group: ...
 
 
-class Algorithm:
+class Algorithm(ABC):
     """An RL algorithm plugin, and the base of every registered one: each hook the trainer calls, with its default.
 
     `config_cls` is a validated dataclass; the trainer builds it from the
@@ -140,7 +141,8 @@ class Algorithm:
     `config_cls`, `sampler`, `advantages`, `loss` and `generated_tokens`; the
     others have defaults here. A plugin class that does not subclass
     `Algorithm` is given these defaults by the registry (see
-    `agentenv.algorithms.as_algorithm`).
+    `agentenv.algorithms.as_algorithm`). The required hooks are abstract: a
+    subclass that lacks one cannot be instantiated, and says which.
 
     Attributes:
         grows_trees: A group's trajectories share long prefixes (a tree's
@@ -154,20 +156,21 @@ class Algorithm:
         self.cfg = cfg if cfg is not None else self.config_cls()
 
     # ---------------------------------------------------------------- required
+    @abstractmethod
     def sampler(self, rollout: RolloutConfig | None = None) -> Sampler:
         """A sampler for one training step, within the run's `rollout` limits (per-trajectory
         timeout, concurrency over the step's groups)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def generated_tokens(self, group: Group) -> int:
         """Policy tokens the sampler generated for `group` (a shared prefix counts once);
         `group_generated_tokens` counts any group whose trajectories record their branch points."""
-        raise NotImplementedError
 
+    @abstractmethod
     def advantages(self, group: Group) -> list[torch.Tensor]:
         """Per trajectory, a (len(trajectory),) tensor of per-token advantages."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -177,7 +180,6 @@ class Algorithm:
         mini-batch's counts: divide by them (not by this micro-batch's), since the
         trainer sums the micro-batch losses of a mini-batch before each update.
         """
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- defaults
     def group_size(self) -> int:

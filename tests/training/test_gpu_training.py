@@ -26,4 +26,8 @@ def test_killed_run_on_cuda_pushes_resumes_and_exports(case, nproc, extra, fast_
     def launch(*args, nproc: int):  # torchrun for fsdp2 even on one GPU: its NCCL process group, as on a GPU node
         return launch_cmd(*args, nproc=nproc, torchrun=case == "fsdp2")
 
-    sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, tmp_path, device="cuda")
+    firsts, resumes = sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, tmp_path, device="cuda")
+    # on the GPU: both phases trained there, and the push and the resume moved real weights
+    assert len(firsts) == len(resumes) == nproc
+    assert all(d.startswith("cuda") for r in firsts + resumes for d in r["devices"].values()), firsts[0]["devices"]
+    assert firsts[0]["before"] != firsts[0]["after"] and resumes[0]["start_step"] == 1

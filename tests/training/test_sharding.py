@@ -88,7 +88,7 @@ def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, lau
 
 def check_killed_run(
     case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, tmp_path: Path, device: str = "cpu"
-) -> None:
+) -> tuple[list[dict], list[dict]]:
     """Train `nproc` processes with `extra` overrides on `device` (its type), SIGKILL after checkpoint 1, resume,
     export; check it all (also run on a CUDA device by tests/training/test_gpu_training.py)."""
     # Groups of 4: a group of 2 often scores the same twice (no gradient), and the weights must move.
@@ -157,6 +157,7 @@ def check_killed_run(
         shard.write_bytes(bytes(data))
         chosen, skipped = find_resumable(run)
         assert chosen == ckpt1 and "does not match its SHA-256" in skipped[0][1]
+    return firsts, resumes
 
 
 def cfg_model(cfg) -> str:
