@@ -269,6 +269,10 @@ class Trajectory:
         parent_uid: For tree samplers, the trajectory this one branched off.
         branch_token: Token index (into `token_ids`) where it branched off; the
             tokens before it are shared with the parent.
+        state_keys: The env's name for the state before each policy turn, one
+            per policy segment (`AgentEnv`: a hash of the context so far,
+            `agentenv.envs.state`); equal keys, equal states (GiGPO's anchor
+            states). Empty when the env gives none.
         info: Reward details and anything else worth logging.
     """
 
@@ -285,6 +289,7 @@ class Trajectory:
     uid: str = field(default_factory=_new_uid)
     parent_uid: str | None = None
     branch_token: int | None = None
+    state_keys: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

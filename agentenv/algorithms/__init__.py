@@ -109,5 +109,7 @@ register("reinforce_pp_baseline", "agentenv.algorithms.presets:ReinforcePPBaseli
 register("rloo", "agentenv.algorithms.presets:RLOO")
 register("gspo", "agentenv.algorithms.gspo:GSPO")
 register("dr_grpo", "agentenv.algorithms.presets:DrGRPO")
+register("gigpo", "agentenv.algorithms.gigpo:GiGPO")
+register("arpo_gigpo", "agentenv.algorithms.gigpo:TreeGiGPO")  # GiGPO's step advantage on ARPO's trees
 
 __all__ = ["Algorithm", "as_algorithm", "available", "get_algorithm", "register"]

@@ -33,6 +33,7 @@ from agentenv.envs.formats import TOOL_FORMATS
 from agentenv.envs.parsing import RESERVED_TAGS, ParsedTurn
 from agentenv.envs.results import call_tool, close_tool, frame_off_loop, result_text
 from agentenv.envs.spaces import TokenSequence, action_ids, as_token_array
+from agentenv.envs.state import ContextHash
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError, ToolError
 from agentenv.loader import build_dataclass
@@ -128,6 +129,8 @@ class AgentEnv(gymnasium.Env):
         self._started = False
         self._task: Task | None = None
         self._context: list[int] = []
+        self._context_hash = ContextHash()
+        self._state_keys: list[str] = []  # the state key before each policy turn
         self._segments: list[Segment] = []
         self._messages: list[dict[str, Any]] = []  # the episode as chat messages (how the format renders it)
         self._response_prefix = ""  # a prefill the task's messages end with: the start of the first turn
@@ -187,6 +190,16 @@ class AgentEnv(gymnasium.Env):
     @property
     def prompt_len(self) -> int:
         return len(self._segments[0]) if self._segments else 0
+
+    def state_key(self) -> str:
+        """The name of the state the episode stands in: a hash of the context so far.
+
+        The policy acts from its context alone, and a tool's state follows from
+        the calls already in it, so equal contexts are equal states (GiGPO's
+        anchor states; a fork stands in its parent's state). Each turn's key is
+        recorded in `Trajectory.state_keys`.
+        """
+        return self._context_hash.key()
 
     # ---- gymnasium API --------------------------------------------------
 
@@ -262,6 +275,7 @@ class AgentEnv(gymnasium.Env):
         self._check_can_step()
         ids, logprobs, entropies, finish = self._as_turn(action)
         versions = list(action.versions) if isinstance(action, Generation) and action.versions is not None else None
+        self._state_keys.append(self.state_key())  # the state this turn acts from
         self._append(Segment("policy", ids, logprobs, entropies, versions))
         self._turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -397,6 +411,7 @@ class AgentEnv(gymnasium.Env):
     def _append(self, seg: Segment) -> None:
         self._segments.append(seg)
         self._context.extend(seg.token_ids)
+        self._context_hash.update(seg.token_ids)
 
     def _check_can_step(self) -> None:
         if not self._started:
@@ -439,6 +454,7 @@ class AgentEnv(gymnasium.Env):
             uid=self._uid,
             parent_uid=self._parent_uid,
             branch_token=self._branch_token,
+            state_keys=list(self._state_keys),
             info={
                 "turns": self._turns,
                 "reward": dict(self._reward_info),
@@ -465,6 +481,8 @@ class AgentEnv(gymnasium.Env):
             new._clear_episode()
             return new
         new._context = list(self._context)
+        new._context_hash = self._context_hash.copy()
+        new._state_keys = list(self._state_keys)
         new._segments = [_copy_segment(s) for s in self._segments]
         new._messages = list(self._messages)
         new._tool_calls = dict(self._tool_calls)
