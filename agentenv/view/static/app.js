@@ -6,14 +6,15 @@ const SVGNS = "http://www.w3.org/2000/svg";
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 const CURVES = [
   { title: "reward", keys: ["rollout/reward"] },
-  { title: "accuracy", keys: ["rollout/accuracy"] },
-  { title: "held-out accuracy", keys: ["eval/accuracy"], eval: true },
+  { title: "accuracy", keys: ["rollout/accuracy"], unit: true },
+  { title: "held-out accuracy", keys: ["eval/accuracy"], eval: true, unit: true },
   { title: "entropy", keys: ["rollout/entropy"] },
   { title: "tool calls / trajectory", keys: ["rollout/tool_calls_per_traj"] },
   { title: "step time split (s)", keys: ["time/rollout_s", "time/old_logprobs_s", "time/update_s", "time/push_s"],
     labels: ["rollout", "old logprobs", "update", "push"] },
 ];
 const PAGE = 20;
+const REFRESH_S = Number(new URLSearchParams(location.search).get("refresh")) || 5;  // a live run's poll interval
 
 const state = {
   info: null, run: ".", steps: [], step: null, groups: [], total: 0, offset: 0,
@@ -89,7 +90,10 @@ function chart(title, series, opts = {}) {
   if (opts.zero) y0 = Math.min(0, y0);
   if (x1 === x0) { x0 -= 1; x1 += 1; }
   if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
-  const pad = (y1 - y0) * 0.06; y0 -= pad; y1 += pad;
+  const pad = (y1 - y0) * 0.06;
+  if (!(opts.zero && y0 === 0)) y0 -= pad;
+  y1 += pad;
+  if (opts.unit) { y0 = 0; y1 = 1; }  // a share: its whole range, so two runs' charts compare at a glance
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
   for (let i = 0; i <= 3; i++) {  // grid and y ticks
@@ -148,7 +152,7 @@ function runCurves(records) {
       points: records.filter((r) => k in r).map((r) => [r.step, r[k]]),
     }));
     const why = c.eval ? "no held-out evaluation logged (trainer.eval_every=0?)" : "no step logged yet";
-    return chart(c.title, series, { empty: why, zero: c.keys.length > 1 });
+    return chart(c.title, series, { empty: why, zero: c.keys.length > 1, unit: c.unit });
   });
 }
 
@@ -165,9 +169,9 @@ async function loadCurves() {
         points: cur.steps.map((st, j) => [st, cur.mean[j]]),
         band: cur.steps.map((st, j) => [st, cur.lo[j], cur.hi[j]]),
       }));
-      return chart(c.title + " (band: min–max over seeds)", series);
+      return chart(c.title, series, { unit: c.unit });
     });
-    box.replaceChildren(...charts);
+    box.replaceChildren(el("div", { class: "muted note", text: "each variant: the mean over its seeds, the band from the lowest to the highest seed" }), ...charts);
   } else {
     const res = await api(`/api/metrics?${q({ run: state.run })}`);
     state.problems.metrics = res.problems || [];
@@ -294,6 +298,16 @@ function groupCard(g, keep) {
 }
 
 // ---------------------------------------------------------------- a trajectory's text
+const SCALES = {
+  entropy: ["0", "rgba(234,88,12,0), rgba(234,88,12,1)", "≥ 2.5 nats"],
+  logprob: ["0", "rgba(147,51,234,0), rgba(147,51,234,1)", "≤ −5"],
+  adv: ["−2", "rgba(220,38,38,1), rgba(220,38,38,0), rgba(22,163,74,0), rgba(22,163,74,1)", "+2"],
+};
+function showScale() {
+  const sc = SCALES[$("colour").value];
+  $("scale").replaceChildren(...(sc ? [sc[0], el("i", { style: `background: linear-gradient(90deg, ${sc[1]})` }), sc[2]] : []));
+}
+
 function colourFor(mode, seg, j) {
   let v;
   if (mode === "entropy") { v = seg.entropies[j]; if (v === null) return ""; return `rgba(234,88,12,${Math.min(1, v / 2.5).toFixed(2)})`; }
@@ -375,7 +389,7 @@ function treeView(g, keep) {
   const len = (t) => t.segments.reduce((n, s) => n + s.ids.length, 0);
   const maxLen = Math.max(1, ...ts.map(len));
   const promptLen = ts.length ? ts[0].segments.filter((s) => s.source === "prompt").reduce((n, s) => n + s.ids.length, 0) : 0;
-  const rowH = 22, L = 40, R = 150, T = 14, W = 820;
+  const rowH = 22, L = 40, R = 210, T = 14, W = 880;
   const H = T + order.length * rowH + 10;
   const X = (tok) => L + 18 + (Math.max(0, tok - promptLen) / Math.max(1, maxLen - promptLen)) * (W - L - R - 18);
   const row = new Map(order.map((i, r) => [i, T + r * rowH + rowH / 2]));
@@ -414,7 +428,9 @@ function treeView(g, keep) {
       const y = row.get(i), x = X(p.token);
       const kids = children.get(t.uid).filter((c) => ts[c].branch_token === p.token);
       const title = `${p.forks ? "branch point" : "probe, no branch"} at token ${p.token}: H_t ${fmt(p.h_t)}, H_initial ${fmt(p.h_initial)}, ΔH ${fmt(p.delta_h)}, ${p.forks} fork(s)`;
-      node(p.forks ? "branch" : "probe", x, y, p.forks ? 7 : 4, title, () => showBranch(g, t, i, p, kids), p.forks ? "branch" : "probe");
+      const bn = node(p.forks ? "branch" : "probe", x, y, p.forks ? 7 : 4, title, () => showBranch(g, t, i, p, kids), p.forks ? "branch" : "probe");
+      bn.setAttribute("data-uid", t.uid);
+      bn.setAttribute("data-token", p.token);
       if (p.forks) {
         const lbl = svg("text", { x: x + 2, y: y - 9, class: "branch-label", "text-anchor": "middle" });
         lbl.textContent = `ΔH ${fmt(p.delta_h, 2)}`;
@@ -526,9 +542,10 @@ async function main() {
   $("next").addEventListener("click", () => { const s = $("step"); if (s.selectedIndex < s.options.length - 1) { s.selectedIndex += 1; loadGroups(false); } });
   $("more").addEventListener("click", () => loadGroups(true));
   for (const id of ["f-kind", "f-reward", "f-failed", "f-err", "colour"]) $(id).addEventListener("change", render);
+  $("colour").addEventListener("change", showScale);
   $("f-text").addEventListener("input", render);
   $("panel-close").addEventListener("click", () => { $("panel").hidden = true; });
-  setInterval(refresh, 5000);
+  setInterval(refresh, REFRESH_S * 1000);
   document.body.dataset.ready = "1";
 }
 
