@@ -170,6 +170,23 @@ def test_the_page_shows_curves_a_tree_its_text_and_filters(run_dir, browser, ser
     assert page.locator("details.traj").count() == sum(r > 0 for r in rewards)
     page.select_option("#f-reward", "nonpos")
     assert page.locator("details.traj").count() == sum(r <= 0 for r in rewards)
+    page.select_option("#f-reward", "")
+    trajs = [t for g in groups if g["step"] == step for t in g["trajectories"]]
+    page.check("#f-failed")
+    assert page.locator("details.traj").count() == sum(t["failed"] for t in trajs)
+    page.uncheck("#f-failed")
+    kinds: dict[str, int] = {}  # tool error kind -> trajectories with one (a malformed call is the env's answer)
+    for t in trajs:
+        found = {("malformed call" if c["tool"] == "invalid" else c["kind"] or "error") for c in t["calls"] if c["ok"] is False}
+        found |= {k for by_kind in t["tool_errors"].values() for k in by_kind}
+        for k in found:
+            kinds[k] = kinds.get(k, 0) + 1
+    assert sorted(page.locator("#f-err option").all_text_contents()) == sorted(["any", *kinds])
+    for kind, n in kinds.items():
+        page.select_option("#f-err", kind)
+        assert page.locator("details.traj").count() == n, kind
+    page.select_option("#f-err", "")
+    assert page.locator("details.traj").count() == len(trajs)
     assert "trajectories shown" in page.locator("#count").text_content()
     assert errors == []
 
@@ -216,5 +233,5 @@ def test_a_bench_shows_variants_side_by_side(run_dir, browser, serve, tmp_path):
     assert page.locator("#run option").count() == 4
     page.locator("button", has_text="this task under each variant").first.click()
     page.wait_for_function("document.querySelectorAll('#panel-body .cmp').length === 4")
-    _shot(page, tmp_path, "view_bench", full=False)
+    _shot(page, tmp_path, "view_bench_copies")  # the docs show a real bench (docs/training/view.md)
     assert errors == []

@@ -274,6 +274,10 @@ function render() {
   box.replaceChildren(...(cards.length ? cards : [el("div", { class: "empty", text: "no trajectory matches the filters" })]));
 }
 
+function rewardClass(t) {  // green: correct; amber: not correct, not penalized; red: penalized (reward < 0)
+  return t.correct ? "good" : t.reward >= 0 ? "mid" : "bad";
+}
+
 function label(t, i) {
   return (t.tree && t.tree.path) || `#${i}`;
 }
@@ -364,7 +368,7 @@ function segmentsView(g, t, fromToken = 0, upto = Infinity) {
 function trajView(g, t, i) {
   const tags = [
     el("b", { text: label(t, i) }),
-    el("span", { class: `pill ${t.correct ? "good" : t.reward > 0 ? "mid" : "bad"}`, text: `reward ${fmt(t.reward)}` }),
+    el("span", { class: `pill ${rewardClass(t)}`, text: `reward ${fmt(t.reward)}` }),
   ];
   if (t.advantage !== null && t.advantage !== undefined) tags.push(el("span", { class: "pill", text: `advantage ${fmt(t.advantage)}` }));
   tags.push(el("span", { class: "muted", text: `${t.finish_reason} · ${Object.entries(t.tool_calls).map(([k, v]) => `${k}×${v}`).join(" ") || "no tool call"}` }));
@@ -415,7 +419,7 @@ function treeView(g, keep) {
       if (seg.source === "tool" && pos + seg.ids.length > (t.branch_token || 0)) s.append(svg("rect", { x: X(pos), y: y - 3, width: Math.max(2, X(pos + seg.ids.length) - X(pos)), height: 6, class: "toolmark" + dim }));
       pos += seg.ids.length;
     }
-    const leaf = node(`leaf ${t.correct ? "good" : t.reward > 0 ? "mid" : "bad"}${dim}`, X(len(t)), y, 6,
+    const leaf = node(`leaf ${rewardClass(t)}${dim}`, X(len(t)), y, 6,
       `${label(t, i)}: reward ${fmt(t.reward)}, advantage ${fmt(t.advantage)}`, () => showTraj(g, t, i), "leaf");
     leaf.setAttribute("data-uid", t.uid);
     const txt = svg("text", { x: X(len(t)) + 10, y: y + 4, class: "leaf-label" + dim });
