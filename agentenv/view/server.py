@@ -39,6 +39,9 @@ def _json(data: Any, problems: list[str] | None = None, status: int = 200) -> we
                         content_type="application/json")  # fmt: skip
 
 
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
 def _int(request: web.Request, key: str, default: int | None = None) -> int:
     raw = request.query.get(key)
     if raw is None:
@@ -67,7 +70,7 @@ class ViewServer:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._local_only, self._errors])
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", STATIC, show_index=False)
         app.router.add_get("/api/info", self._info)
@@ -97,6 +100,16 @@ class ViewServer:
             await runner.cleanup()
 
     # ---- handlers -------------------------------------------------------
+    @web.middleware
+    async def _local_only(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Only a page this machine opened by its loopback name: a web page that rebinds its own name to
+        127.0.0.1 (DNS rebinding) would otherwise read the run's rollouts through the visitor's browser."""
+        host = (request.host or "").lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name not in LOCAL_HOSTS and name != self.host:
+            return _json(None, [f"agentenv view answers only at {self.url} (this request's Host was {host!r})"], status=403)
+        return await handler(request)
+
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A bad request or an unreadable folder: a JSON message, never a traceback."""

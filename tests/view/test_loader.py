@@ -230,3 +230,21 @@ def test_the_command_names_a_bad_folder_in_one_line(tmp_path):
     assert out.stderr.strip().startswith("error:") and "nowhere: no such folder" in out.stderr
     assert "Traceback" not in out.stderr
 
+
+
+async def test_only_a_loopback_host_name_is_answered(tmp_path):
+    """DNS rebinding: a web page whose name now points at 127.0.0.1 must not read the run through the browser."""
+    server = await ViewServer(Folder.open(make_run(tmp_path / "run"))).start()
+    base = server.url.rstrip("/")
+    try:
+        async with aiohttp.ClientSession() as s:
+            for host in ("attacker.example", f"attacker.example:{server.port}", "127.0.0.1.attacker.example"):
+                for path in ("/", "/static/app.js", "/api/groups?run=.&split=train&step=1"):
+                    async with s.get(base + path, headers={"Host": host}) as r:
+                        assert r.status == 403, (host, path)
+                        assert "answers only at http://127.0.0.1:" in (await r.json())["problems"][0]
+            for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", f"[::1]:{server.port}", "localhost"):
+                async with s.get(base + "/api/steps?run=.", headers={"Host": host}) as r:
+                    assert r.status == 200, host
+    finally:
+        await server.aclose()
