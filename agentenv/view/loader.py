@@ -73,7 +73,7 @@ def read_jsonl(path: Path, max_bytes: int, *, tail: bool = False) -> Loaded:
             continue
         last = i == len(lines) - 1
         try:
-            rec = json.loads(line)
+            rec = json.loads(line, parse_constant=_nonfinite)
         except ValueError:
             if last and not complete and not tail and len(raw) >= max_bytes:
                 continue  # cut by the cap, said above
@@ -87,9 +87,24 @@ def read_jsonl(path: Path, max_bytes: int, *, tail: bool = False) -> Loaded:
     return Loaded(records, problems)
 
 
+def _nonfinite(name: str) -> None:
+    """NaN and the infinities (Python's json writes them, e.g. a reward part that was NaN) read as None: JSON has no such number."""
+    return None
+
+
 def _preview(line: bytes, n: int = 40) -> str:
     text = line.decode("utf-8", "replace")
     return repr(text[:n] + ("..." if len(text) > n else ""))
+
+
+def _read_text(path: Path, problems: list[str], max_bytes: int = 1_000_000) -> str:
+    """A small file's text ('' if it cannot be read, said in `problems`); bytes that are not UTF-8 show as U+FFFD."""
+    try:
+        with path.open("rb") as f:
+            return f.read(max_bytes).decode("utf-8", "replace")
+    except OSError as e:
+        problems.append(f"{path.name}: cannot be read ({e.strerror or e})")
+        return ""
 
 
 def _read_json(path: Path, problems: list[str]) -> Any:
@@ -100,6 +115,10 @@ def _read_json(path: Path, problems: list[str]) -> Any:
     except (OSError, ValueError) as e:
         problems.append(f"{path.name}: cannot be read as JSON ({e}), left out")
         return None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _thin(items: list[Any], n: int) -> list[Any]:
@@ -130,12 +149,18 @@ class Run:
         if not path.exists():
             return Loaded([], ["no metrics.jsonl yet: the run has not finished its first step (or logging.jsonl=false)"])
         got = read_jsonl(path, MAX_METRIC_BYTES, tail=True)
-        records = [r for r in got.data if isinstance(r.get("step"), (int, float))]
+        records = [r for r in got.data if _is_number(r.get("step"))]
         if len(records) < len(got.data):
             got.problems.append(f"metrics.jsonl: {len(got.data) - len(records)} records without a step, left out")
-        for r in records:  # NaN is not JSON: the page draws a gap
-            for k in r.pop("nonfinite", ()):
-                r[k] = None
+        odd: set[str] = set()
+        for r in records:  # a non-finite value was logged as None: the page draws a gap
+            r.pop("nonfinite", None)
+            for k, v in list(r.items()):
+                if v is not None and not _is_number(v):
+                    odd.add(k)
+                    del r[k]
+        if odd:
+            got.problems.append(f"metrics.jsonl: values that are not numbers, left out, under {sorted(odd)[:8]}")
         train = [r for r in records if "rollout/reward" in r]
         other = [r for r in records if "rollout/reward" not in r]
         kept = _thin(train, MAX_POINTS)
@@ -158,14 +183,17 @@ class Run:
         if d.is_dir():
             for f in d.iterdir():
                 m = _FILE.match(f.name)
-                if m:
-                    files.append({"split": m[1], "step": int(m[2]), "bytes": f.stat().st_size})
+                try:
+                    if m:
+                        files.append({"split": m[1], "step": int(m[2]), "bytes": f.stat().st_size})
+                except OSError:  # removed since listed: a resumed run dropping its record past the checkpoint
+                    continue
         files.sort(key=lambda x: (x["step"], x["split"] == "eval"))  # a step, then the evaluation after it
         if not files:
             problems.append(self._why_no_rollouts(d))
         stopped = d / STOPPED_FILE
         if stopped.exists():
-            problems.append(stopped.read_text().strip())
+            problems.append(_read_text(stopped, problems).strip())
         return Loaded(files, problems)
 
     def _why_no_rollouts(self, d: Path) -> str:
@@ -204,7 +232,8 @@ class Run:
         for f in files:
             path = self.path / ROLLOUT_DIR / f"{f['split']}_{f['step']:06d}.jsonl"
             try:
-                raw = path.read_bytes()[:MAX_GROUP_FILE_BYTES]
+                with path.open("rb") as fh:
+                    raw = fh.read(MAX_GROUP_FILE_BYTES)  # the cap, not the whole of a huge file
             except OSError:
                 continue
             if needle not in raw:  # most files hold other tasks: skip their parse
@@ -287,8 +316,8 @@ class Folder:
             problems.append("no results.csv yet: the report is written when every run has finished")
             return None
         try:
-            rows = list(csv.reader(path.read_text().splitlines()))
-        except (OSError, csv.Error) as e:
+            rows = list(csv.reader(_read_text(path, problems, MAX_METRIC_BYTES).splitlines()))
+        except csv.Error as e:
             problems.append(f"results.csv cannot be read ({e})")
             return None
         return {"columns": rows[0], "rows": rows[1:]} if rows else None

@@ -232,6 +232,37 @@ def test_the_command_names_a_bad_folder_in_one_line(tmp_path):
 
 
 
+async def test_bytes_that_are_not_utf8_nan_and_odd_values_answer_200_with_problems(tmp_path):
+    run_dir = make_run(tmp_path / "bench" / "runs" / "grpo" / "seed0")
+    (tmp_path / "bench" / "results.csv").write_bytes(b"variant,acc\n\xffgrpo,0.5\n")
+    (run_dir / "rollouts" / "STOPPED").write_bytes(b"the record stops \xff\xfe\n")
+    with (run_dir / "metrics.jsonl").open("a") as f:  # Python's json writes NaN; a foreign tool, strings
+        f.write('{"step": 4, "rollout/reward": NaN, "rollout/entropy": "high"}\n{"step": NaN}\n')
+    group = _group("t9", step=2)
+    group["trajectories"][0]["reward_parts"] = {"format": float("nan")}
+    (run_dir / "rollouts" / "train_000002.jsonl").write_text(json.dumps(group) + "\n")  # NaN, as the writer would
+    server = await ViewServer(Folder.open(tmp_path / "bench")).start()
+    base = server.url.rstrip("/")
+    try:
+        async with aiohttp.ClientSession() as s:
+            status, body = await _get(s, base + "/api/info")
+            assert status == 200 and body["data"]["table"]["rows"] == [["\ufffdgrpo", "0.5"]]
+            status, body = await _get(s, base + "/api/steps?run=grpo/seed0")
+            assert status == 200 and "the record stops \ufffd\ufffd" in body["problems"], body
+            status, body = await _get(s, base + "/api/metrics?run=grpo/seed0")
+            assert status == 200 and body["data"][-1] == {"step": 4, "rollout/reward": None}, body["data"][-1]
+            assert any("not numbers" in p and "rollout/entropy" in p for p in body["problems"]), body["problems"]
+            assert any("1 records without a step" in p for p in body["problems"]), body["problems"]
+            status, body = await _get(s, base + "/api/groups?run=grpo/seed0&split=train&step=2")
+            assert status == 200 and body["data"]["groups"][0]["trajectories"][0]["reward_parts"] == {"format": None}
+            status, body = await _get(s, base + "/api/task?task=t9")
+            assert status == 200 and len(body["data"]["grpo/seed0"]) == 1, body
+            status, body = await _get(s, base + "/api/bench_curves?key=rollout/entropy")
+            assert status == 200 and body["data"]["rollout/entropy"]["grpo"]["seeds"] == 1, body
+    finally:
+        await server.aclose()
+
+
 async def test_only_a_loopback_host_name_is_answered(tmp_path):
     """DNS rebinding: a web page whose name now points at 127.0.0.1 must not read the run through the browser."""
     server = await ViewServer(Folder.open(make_run(tmp_path / "run"))).start()
