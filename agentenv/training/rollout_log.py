@@ -213,15 +213,19 @@ class RolloutLog:
         """
         if self.stopped or step % self.cfg.rollouts_every:
             return
-        keep = groups if self.cfg.rollouts_groups == 0 else groups[: self.cfg.rollouts_groups]
-        n = sum(len(g) for g in keep)  # the kept groups are the batch's first rows
-        lengths = [len(t) for t in trajs[:n]]
-        advs = _per_token(batch.advantages[:n].detach().cpu(), lengths)
-        masks = _per_token(batch.loss_mask[:n].detach().cpu(), lengths)
-        snaps, row = [], 0
-        for g in keep:
-            snaps.append(snapshot_group(g, advs[row : row + len(g)], masks[row : row + len(g)]))
-            row += len(g)
+        try:
+            keep = groups if self.cfg.rollouts_groups == 0 else groups[: self.cfg.rollouts_groups]
+            n = sum(len(g) for g in keep)  # the kept groups are the batch's first rows
+            lengths = [len(t) for t in trajs[:n]]
+            advs = _per_token(batch.advantages[:n].detach().cpu(), lengths)
+            masks = _per_token(batch.loss_mask[:n].detach().cpu(), lengths)
+            snaps, row = [], 0
+            for g in keep:
+                snaps.append(snapshot_group(g, advs[row : row + len(g)], masks[row : row + len(g)]))
+                row += len(g)
+        except Exception:  # noqa: BLE001 - the record is for looking at; it never stops training
+            log.exception("could not record the rollouts of train step %d", step)
+            return
         self._submit(f"train_{step:06d}.jsonl", step, "train", snaps)
 
     def evaluation(self, step: int, groups: Sequence[Group]) -> None:
@@ -229,7 +233,12 @@ class RolloutLog:
         if self.stopped:
             return
         keep = groups if self.cfg.rollouts_eval_groups == 0 else groups[: self.cfg.rollouts_eval_groups]
-        self._submit(f"eval_{step:06d}.jsonl", step, "eval", [snapshot_group(g) for g in keep])
+        try:
+            snaps = [snapshot_group(g) for g in keep]
+        except Exception:  # noqa: BLE001 - as in train_step
+            log.exception("could not record the rollouts of the evaluation at step %d", step)
+            return
+        self._submit(f"eval_{step:06d}.jsonl", step, "eval", snaps)
 
     def _submit(self, name: str, step: int, split: str, snaps: list[dict[str, Any]]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
@@ -272,9 +281,12 @@ class RolloutLog:
 
 
 def truncate_rollouts(out_dir: Path, step: int) -> None:
-    """Drop the record of training steps after `step` (a resumed run writes them again)."""
+    """Drop the record of training steps after `step` (a resumed run writes them again), files a crash left half
+    written, and `STOPPED` (what the cut freed may hold the steps again; the cap says anew where it stops)."""
     d = Path(out_dir) / ROLLOUT_DIR
     for f in d.glob("*.jsonl"):
         kind, _, num = f.stem.partition("_")
         if num.isdigit() and int(num) > step and kind in ("train", "eval"):
             f.unlink()
+    for f in [*d.glob(".*.jsonl.tmp"), d / STOPPED_FILE]:
+        f.unlink(missing_ok=True)

@@ -108,3 +108,28 @@ def test_a_resume_drops_the_record_past_its_checkpoint(tmp_path):
     RolloutLog(tmp_path, LoggingConfig(), CharTokenizer(), resume_step=2).close()
     assert sorted(p.name for p in (tmp_path / "rollouts").glob("*.jsonl")) == [
         "eval_000000.jsonl", "train_000001.jsonl", "train_000002.jsonl"]
+
+
+def test_a_resume_lifts_the_cap_stop_and_drops_half_written_files(tmp_path):
+    log = RolloutLog(tmp_path, LoggingConfig(rollouts_max_mb=0.005), CharTokenizer())  # a step: ~2 kB
+    for step in range(1, 6):
+        _step(log, step, [_group(0)])
+    log.close()
+    d = tmp_path / "rollouts"
+    assert (d / "STOPPED").exists() and len(list(d.glob("*.jsonl"))) == 2
+    (d / ".train_000004.jsonl.tmp").write_text('{"task"')  # a crash mid-write
+    log = RolloutLog(tmp_path, LoggingConfig(rollouts_max_mb=0.005), CharTokenizer(), resume_step=1)
+    _step(log, 2, [_group(0)])  # the cut freed room: step 2 is recorded again
+    log.close()
+    assert sorted(p.name for p in d.iterdir()) == ["train_000001.jsonl", "train_000002.jsonl"]
+
+
+def test_a_record_that_cannot_be_made_never_raises_into_training(tmp_path, caplog):
+    log = RolloutLog(tmp_path, LoggingConfig(), CharTokenizer())
+    group = _group(0)
+    log.train_step(1, [group], list(group), batch=object())  # no advantages: a trainer change the record missed
+    group.trajectories[0].info["calls"] = 5  # not a list of calls
+    log.evaluation(1, [group])
+    log.close()
+    assert not list((tmp_path / "rollouts").glob("*.jsonl"))
+    assert "train step 1" in caplog.text and "evaluation at step 1" in caplog.text
