@@ -143,6 +143,11 @@ class Run:
         cfg = _read_json(self.path / "config.json", problems)
         return cfg if isinstance(cfg, dict) else {}
 
+    def section(self, key: str, problems: list[str]) -> dict[str, Any]:
+        """One section of config.json (`{}` when absent or not a mapping)."""
+        sec = self.config(problems).get(key)
+        return sec if isinstance(sec, dict) else {}
+
     def metrics(self) -> Loaded:
         """The records of metrics.jsonl (non-finite values as None), the step-wise keys thinned to MAX_POINTS."""
         path = self.path / "metrics.jsonl"
@@ -197,7 +202,7 @@ class Run:
         return Loaded(files, problems)
 
     def _why_no_rollouts(self, d: Path) -> str:
-        log_cfg = self.config([]).get("logging", {})
+        log_cfg = self.section("logging", [])
         if log_cfg.get("save_rollouts") is False:
             return "no saved rollouts: this run was started with logging.save_rollouts=false (metrics only)"
         if "save_rollouts" not in log_cfg and (self.path / "config.json").exists():
@@ -245,10 +250,9 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         problems: list[str] = []
-        cfg = self.config(problems)
-        algo = (cfg.get("algorithm") or {}).get("name")
-        backend = (cfg.get("policy") or {}).get("backend")
-        steps = (cfg.get("trainer") or {}).get("steps")
+        algo = self.section("algorithm", problems).get("name")
+        backend = self.section("policy", []).get("backend")  # config.json's problem is said once
+        steps = self.section("trainer", []).get("steps")
         return {"algorithm": algo, "backend": backend, "steps": steps, "live": self.live(), "problems": problems,
                 "finished": (self.path / "eval.json").exists()}
 

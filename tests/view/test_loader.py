@@ -234,6 +234,8 @@ def test_the_command_names_a_bad_folder_in_one_line(tmp_path):
 
 async def test_bytes_that_are_not_utf8_nan_and_odd_values_answer_200_with_problems(tmp_path):
     run_dir = make_run(tmp_path / "bench" / "runs" / "grpo" / "seed0")
+    odd = make_run(tmp_path / "bench" / "runs" / "grpo" / "seed1", save_rollouts=False)
+    (odd / "config.json").write_text(json.dumps({"algorithm": "grpo", "policy": None, "logging": ["x"]}))
     (tmp_path / "bench" / "results.csv").write_bytes(b"variant,acc\n\xffgrpo,0.5\n")
     (run_dir / "rollouts" / "STOPPED").write_bytes(b"the record stops \xff\xfe\n")
     with (run_dir / "metrics.jsonl").open("a") as f:  # Python's json writes NaN; a foreign tool, strings
@@ -247,6 +249,9 @@ async def test_bytes_that_are_not_utf8_nan_and_odd_values_answer_200_with_proble
         async with aiohttp.ClientSession() as s:
             status, body = await _get(s, base + "/api/info")
             assert status == 200 and body["data"]["table"]["rows"] == [["\ufffdgrpo", "0.5"]]
+            assert body["data"]["runs"]["grpo/seed1"]["algorithm"] is None
+            status, body = await _get(s, base + "/api/steps?run=grpo/seed1")
+            assert status == 200 and "no saved rollouts" in body["problems"][0], body
             status, body = await _get(s, base + "/api/steps?run=grpo/seed0")
             assert status == 200 and "the record stops \ufffd\ufffd" in body["problems"], body
             status, body = await _get(s, base + "/api/metrics?run=grpo/seed0")
@@ -258,7 +263,7 @@ async def test_bytes_that_are_not_utf8_nan_and_odd_values_answer_200_with_proble
             status, body = await _get(s, base + "/api/task?task=t9")
             assert status == 200 and len(body["data"]["grpo/seed0"]) == 1, body
             status, body = await _get(s, base + "/api/bench_curves?key=rollout/entropy")
-            assert status == 200 and body["data"]["rollout/entropy"]["grpo"]["seeds"] == 1, body
+            assert status == 200 and body["data"]["rollout/entropy"]["grpo"]["seeds"] == 2, body
     finally:
         await server.aclose()
 
