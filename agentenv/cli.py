@@ -179,7 +179,7 @@ def bench(
 @app.command()
 def view(
     folder: Path = typer.Argument(..., metavar="RUN_OR_BENCH_DIR", help="A run's trainer.output_dir or a bench's output_dir."),
-    port: int = typer.Option(8765, help="Port on 127.0.0.1 (0: a free one)."),
+    port: int = typer.Option(8765, min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
 ) -> None:
     """Serve a local page over a run or a bench: curves, rollouts, ARPO trees (Ctrl-C stops it)."""
     import asyncio

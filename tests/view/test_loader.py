@@ -229,6 +229,10 @@ def test_the_command_names_a_bad_folder_in_one_line(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().startswith("error:") and "nowhere: no such folder" in out.stderr
     assert "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "agentenv", "view", str(make_run(tmp_path / "run")), "--port", "70000"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "'--port'" in out.stderr and "65535" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "OverflowError" not in out.stderr
 
 
 
