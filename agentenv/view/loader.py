@@ -48,8 +48,9 @@ def read_jsonl(path: Path, max_bytes: int, *, tail: bool = False) -> Loaded:
     """The records of a JSONL file, reading at most `max_bytes` (its head, or with `tail` its end).
 
     A line that is not a JSON object (a truncated last line of a live run, a
-    torn write) is skipped and named in `problems`; a partial last line of a
-    file still being written is skipped silently.
+    torn write) is skipped and named in `problems` (with `tail`, its number
+    counts from where the read began); a last line cut by `max_bytes` is
+    skipped silently, the cut itself being said.
     """
     problems: list[str] = []
     try:
