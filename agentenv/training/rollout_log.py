@@ -184,12 +184,16 @@ class RolloutLog:
         out_dir: The run folder (`rollouts/` goes inside).
         cfg: The run's logging section.
         tokenizer: Decodes the token ids into text (on the writer thread).
-        resume_step: On resume, the step resumed from: the record past it is dropped.
+        resume_step: On resume, the step resumed from: the record past it is dropped. A fresh run (None)
+            drops an older run's record in the folder: its steps would mix with this run's, and its `STOPPED`
+            would stop this one.
     """
 
     def __init__(self, out_dir: Path, cfg: LoggingConfig, tokenizer: Tokenizer, resume_step: int | None = None):
-        if resume_step is not None:
-            truncate_rollouts(out_dir, resume_step)
+        dropped = truncate_rollouts(out_dir, -1 if resume_step is None else resume_step)
+        if dropped and resume_step is None:
+            log.warning("%s: dropped an earlier run's rollout record (%d files): this run starts it anew",
+                        Path(out_dir) / ROLLOUT_DIR, dropped)  # fmt: skip
         self.dir = Path(out_dir) / ROLLOUT_DIR
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -280,13 +284,20 @@ class RolloutLog:
         self._pool.shutdown(wait=True)
 
 
-def truncate_rollouts(out_dir: Path, step: int) -> None:
+def truncate_rollouts(out_dir: Path, step: int) -> int:
     """Drop the record of training steps after `step` (a resumed run writes them again), files a crash left half
-    written, and `STOPPED` (what the cut freed may hold the steps again; the cap says anew where it stops)."""
+    written, and `STOPPED` (what the cut freed may hold the steps again; the cap says anew where it stops).
+
+    Returns:
+        How many step files were dropped.
+    """
     d = Path(out_dir) / ROLLOUT_DIR
+    dropped = 0
     for f in d.glob("*.jsonl"):
         kind, _, num = f.stem.partition("_")
         if num.isdigit() and int(num) > step and kind in ("train", "eval"):
             f.unlink()
+            dropped += 1
     for f in [*d.glob(".*.jsonl.tmp"), d / STOPPED_FILE]:
         f.unlink(missing_ok=True)
+    return dropped

@@ -133,3 +133,18 @@ def test_a_record_that_cannot_be_made_never_raises_into_training(tmp_path, caplo
     log.close()
     assert not list((tmp_path / "rollouts").glob("*.jsonl"))
     assert "train step 1" in caplog.text and "evaluation at step 1" in caplog.text
+
+
+def test_a_fresh_run_in_an_old_run_folder_starts_the_record_anew(tmp_path, caplog):
+    old = RolloutLog(tmp_path, LoggingConfig(rollouts_max_mb=0.005), CharTokenizer())
+    for step in range(1, 6):  # the old run hit its cap after 2 steps
+        _step(old, step, [_group(0)])
+    old.evaluation(2, [_group(1)])
+    old.close()
+    new = RolloutLog(tmp_path, LoggingConfig(rollouts_max_mb=0.005), CharTokenizer())  # not a resume
+    _step(new, 1, [_group(3)])
+    new.close()
+    d = tmp_path / "rollouts"
+    assert sorted(p.name for p in d.iterdir()) == ["train_000001.jsonl"]  # neither the old steps nor its STOPPED
+    assert json.loads((d / "train_000001.jsonl").read_text())["task"]["id"] == "t3"
+    assert "dropped an earlier run's rollout record (2 files)" in caplog.text
