@@ -1,4 +1,4 @@
-"""The `agentenv` command: sft, train, eval, export, bench, tiny, sandbox."""
+"""The `agentenv` command: sft, train, eval, export, bench, view, tiny, sandbox."""
 
 from __future__ import annotations
 
@@ -174,6 +174,27 @@ def bench(
         run_benchmark(config, overrides or [], plan_only=plan)
     except AgentEnvError as e:
         _fail(e)
+
+
+@app.command()
+def view(
+    folder: Path = typer.Argument(..., metavar="RUN_OR_BENCH_DIR", help="A run's trainer.output_dir or a bench's output_dir."),
+    port: int = typer.Option(8765, min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
+) -> None:
+    """Serve a local page over a run or a bench: curves, rollouts, ARPO trees (Ctrl-C stops it)."""
+    import asyncio
+
+    from agentenv.view.server import serve
+
+    def started(url: str) -> None:
+        typer.echo(f"agentenv view: serving {folder} at {url} (Ctrl-C stops)")
+
+    try:
+        asyncio.run(serve(folder, port=port, on_start=started))
+    except AgentEnvError as e:
+        _fail(e)
+    except OSError as e:  # the port is taken
+        _fail(InfraError(f"cannot listen on 127.0.0.1:{port}: {e.strerror or e}; pick another with --port (0: any free one)"))
 
 
 @tiny_app.command("build")

@@ -227,6 +227,15 @@ class LoggingConfig:
             processes' stdout and stderr, library warnings while it and the
             models load) on the terminal; by default it goes to
             `<trainer.output_dir>/engine.log`.
+        save_rollouts: Keep a bounded record of sampled groups in
+            `<trainer.output_dir>/rollouts/` (tokens, text, masks, per-token
+            logprob, entropy and version, tool calls, rewards, advantages, ARPO
+            trees) for `agentenv view` (`agentenv.training.rollout_log`).
+        rollouts_every: Record a training step's groups every N steps.
+        rollouts_groups: Groups recorded per recorded step (0: all of them).
+        rollouts_eval_groups: Groups recorded per evaluation (0: all of them).
+        rollouts_max_mb: Stop recording once `rollouts/` holds this many MB (the
+            metrics go on; the viewer says where the record stops).
     """
 
     jsonl: bool = True
@@ -235,6 +244,17 @@ class LoggingConfig:
     wandb_project: str = "agentenv"
     progress: bool = True
     verbose: bool = False
+    save_rollouts: bool = True
+    rollouts_every: int = 1
+    rollouts_groups: int = 4
+    rollouts_eval_groups: int = 32
+    rollouts_max_mb: float = 256.0
+
+    def __post_init__(self) -> None:
+        check_number("logging.rollouts_every", self.rollouts_every, low=1, low_ok=True, integer=True)
+        for key in ("rollouts_groups", "rollouts_eval_groups"):
+            check_number(f"logging.{key}", getattr(self, key), low_ok=True, integer=True)
+        check_number("logging.rollouts_max_mb", self.rollouts_max_mb)
 
 
 @dataclass(frozen=True)

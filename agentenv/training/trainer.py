@@ -45,6 +45,7 @@ from agentenv.training.engine_log import EngineLog
 from agentenv.training.evaluate import EvalReport, evaluate
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.packing import packing_enabled
+from agentenv.training.rollout_log import RolloutLog
 from agentenv.training.schedule import lr_factor
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.types import Group
@@ -174,6 +175,10 @@ class Trainer:
             self._resume()
         purge = (self.start_step + 1 if self.start_step else 0) if resume else None
         self.logger = MetricsLogger(self.out, cfg.logging, cfg.to_dict(), purge) if self.acc.is_main_process else None
+        self.rollout_log = (  # this process's groups, for `agentenv view`
+            RolloutLog(self.out, cfg.logging, self.rt.tokenizer, self.start_step if resume else None)
+            if self.acc.is_main_process and cfg.logging.save_rollouts else None
+        )  # fmt: skip
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
@@ -375,6 +380,8 @@ class Trainer:
         self.model.train()
         t_old = time.perf_counter() - t1
         batch_metrics = self.algorithm.finalize(batch, trajs, self.reduce_sum)  # batch-level advantages
+        if self.rollout_log is not None:
+            self.rollout_log.train_step(step + 1, groups, trajs, batch)
 
         # updates: this rank's tasks split into mini-batches of whole groups
         tasks_per_mb = tc.mini_batch_tasks // world
@@ -641,6 +648,8 @@ class Trainer:
                 )  # fmt: skip
             )
             self.warn_tools(report.tool_stats, f"in the evaluation at step {step}")
+            if self.rollout_log is not None:
+                self.rollout_log.evaluation(step, report.groups)
         self.acc.wait_for_everyone()
         return report
 
@@ -718,6 +727,9 @@ class Trainer:
         if self.logger:
             self.logger.close()
             self.logger = None
+        if self.rollout_log is not None:
+            self.rollout_log.close()
+            self.rollout_log = None
         if not self.loop.is_closed():
             try:
                 self._stop_producer()

@@ -48,3 +48,16 @@ def test_toy_grpo_trains_with_the_vllm_backend(fast_overrides, tmp_path):
         # vLLM sampled in fp32 from the trainer's weights (pushed after step 1): the gap stays small
         assert r["train/logprob_gap_mean"] < 1e-2, r
     assert (out / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    # the rollout record (`agentenv view`'s): every step and evaluation, each policy token with its weight version
+    from agentenv.view.loader import Folder
+
+    run = Folder.open(out).run(".")
+    assert [(f["split"], f["step"]) for f in run.rollout_files().data] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    versions = []
+    for step in (1, 2):
+        got = run.groups("train", step)
+        assert got.problems == [] and got.data["total"] == 2
+        policy = [s for g in got.data["groups"] for t in g["trajectories"] for s in t["segments"] if s["source"] == "policy"]
+        assert policy and all(len(s["versions"]) == len(s["ids"]) for s in policy)
+        versions.append({v for s in policy for v in s["versions"]})
+    assert len(versions[0]) == len(versions[1]) == 1 and max(versions[1]) == max(versions[0]) + 1  # one push between
