@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -73,6 +74,22 @@ class WeightStore:
         return self.committed
 
 
+def _exit_with_raylet(poll_s: float = 1.0) -> None:
+    """End this process when the raylet that started it is gone (this process's parent changes).
+
+    Ray's own check missed a worker blocked in its constructor (an engine's
+    start): it outlived its node's raylet, holding the engine's memory.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)  # no cleanup to wait for: the engine's own processes are reaped with this one
+
+    threading.Thread(target=watch, name="agentenv-raylet-watch", daemon=True).start()
+
+
 class RolloutWorker:
     """One engine, served to the trainer's processes.
 
@@ -84,6 +101,7 @@ class RolloutWorker:
     """
 
     def __init__(self, index: int, make_policy: Callable[[], Policy], store_name: str, timeout_s: float = 900.0):
+        _exit_with_raylet()
         self.index = index
         self.timeout_s = timeout_s
         self.policy = make_policy()

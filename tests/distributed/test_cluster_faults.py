@@ -191,3 +191,49 @@ def test_a_killed_weight_store_is_made_again_and_the_run_goes_on(joined, capfd, 
     assert "A worker died" not in out + err and "(raylet)" not in out + err  # Ray's notices: not on the terminal,
     assert "(raylet) A worker died" in (tmp_path / "engine.log").read_text()  # in the engine log
     _gone(_run_actors, [])
+
+
+# ---------------------------------------------------------------- nothing outlives the run
+def test_a_worker_blocked_in_its_constructor_does_not_outlive_its_node(joined):
+    from agentenv.distributed.worker import RolloutWorker
+
+    node = joined.add_node(num_cpus=0, resources={"doomed": 1})
+    worker = ray.remote(RolloutWorker).options(num_cpus=0, resources={"doomed": 1}, max_restarts=0).remote(
+        0, lambda: sim(start_s=3600), "no-store"
+    )  # an engine that takes its time to start
+    raylet = node.all_processes["raylet"][0].process.pid
+    end = time.monotonic() + 60
+    while not (pids := [p for p in _processes("ray::RolloutWorker") if _parent(p) == raylet]):
+        assert time.monotonic() < end, "the worker never started"
+        time.sleep(0.5)
+    joined.remove_node(node, allow_graceful=False)  # the node's raylet is SIGKILLed under the starting worker
+    _gone(lambda: [p for p in pids if _parent(p) is not None], [], within_s=15)  # before: still there after 20 s
+    del worker
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return None
+
+
+# ---------------------------------------------------------------- two trainer processes under async
+def test_two_trainer_processes_under_async_are_refused_in_one_line_before_any_work(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "agentenv", "train", str(HERE.parents[1] / "configs" / "toy_grpo.yaml"),
+           "policy.backend=hf", "trainer.max_staleness=1", f"trainer.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith(("error:", "[train]", "[agentenv]"))]
+    assert ours == [
+        "error: trainer.max_staleness: 1 needs one trainer process (this run has 2): the asynchronous producer draws "
+        "the task stream alone; scale rollout with the policy's engines (Ray placement) instead"
+    ], proc.stderr  # one line (rank 0's); the rest is torchrun's own report of a failed child
+    assert "agentenv/" not in proc.stderr  # no traceback of ours
+    assert not (tmp_path / "run").exists()  # refused before any process started work
