@@ -195,6 +195,7 @@ def test_a_killed_weight_store_is_made_again_and_the_run_goes_on(joined, capfd, 
 
 # ---------------------------------------------------------------- nothing outlives the run
 def test_a_worker_blocked_in_its_constructor_does_not_outlive_its_node(joined):
+    from agentenv._reaper import _start_time
     from agentenv.distributed.worker import RolloutWorker
 
     node = joined.add_node(num_cpus=0, resources={"doomed": 1})
@@ -206,8 +207,14 @@ def test_a_worker_blocked_in_its_constructor_does_not_outlive_its_node(joined):
     while not (pids := [p for p in _processes("ray::RolloutWorker") if _parent(p) == raylet]):
         assert time.monotonic() < end, "the worker never started"
         time.sleep(0.5)
-    joined.remove_node(node, allow_graceful=False)  # the node's raylet is SIGKILLed under the starting worker
-    _gone(lambda: [p for p in pids if _parent(p) is not None], [], within_s=15)  # before: still there after 20 s
+    os.kill(raylet, signal.SIGKILL)  # the node's raylet dies under the starting worker
+    alive = lambda: [p for p in pids if _start_time(p) is not None]  # noqa: E731 - a zombie is dead
+    try:
+        _gone(alive, [], within_s=15)  # before: still there after 20 s
+    finally:
+        joined.remove_node(node, allow_graceful=False)
+        for p in alive():  # what a failed run of this test left: ended here
+            os.kill(p, signal.SIGKILL)
     del worker
 
 
