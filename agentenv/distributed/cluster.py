@@ -37,8 +37,8 @@ def connect(cfg: RayRolloutConfig) -> bool:
         return False
     if cfg.address is not None:
         _refuse_unreachable(cfg.address, min(cfg.timeout_s, _CONNECT_PROBE_S))
-    ray.init(
-        address=cfg.address, namespace=cfg.namespace, include_dashboard=False,
+    ray.init(  # None: "local", a cluster of our own (Ray's None joins whatever cluster this machine last started)
+        address=cfg.address or "local", namespace=cfg.namespace, include_dashboard=False,
         log_to_driver=os.environ.get("AGENTENV_RAY_LOGS") == "1", configure_logging=False,
     )  # fmt: skip
     if os.environ.get("AGENTENV_RAY_LOGS") != "1":

@@ -28,6 +28,19 @@ from agentenv.policies.base import Policy
 from agentenv.types import Generation, SamplingParams
 
 
+def chunk_tensors(chunk: list[tuple[str, Any, str]]) -> Iterator[tuple[str, Any]]:
+    """The `(name, tensor)` pairs of a chunk `tensor_chunks` made (views of the object store's memory: read-only)."""
+    import warnings
+
+    import torch
+
+    for name, arr, dtype in chunk:
+        with warnings.catch_warnings():  # read-only: the engine's load only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
+        yield name, t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
 class WeightStore:
     """The newest weights (object refs of `[(name, tensor), ...]` chunks) and their version.
 
@@ -124,8 +137,8 @@ class RolloutWorker:
 
     def _load(self, version: int, refs: list[Any]) -> None:
         def tensors() -> Iterator[tuple[str, Any]]:
-            for ref in refs:  # one chunk at a time from the object store
-                yield from ray.get(ref, timeout=self.timeout_s)
+            for ref in refs:  # one chunk at a time from the object store, read where it lies
+                yield from chunk_tensors(ray.get(ref, timeout=self.timeout_s))
 
         self.policy.load_weights(tensors())
         self._run_version[self.policy.weight_version] = version
