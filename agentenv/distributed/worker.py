@@ -95,8 +95,17 @@ def _exit_with_raylet(poll_s: float = 1.0) -> None:
     """
     parent = os.getppid()
 
+    def raylet_alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:  # still the raylet: not a process that adopted this one before the watch began
+            with open(f"/proc/{parent}/cmdline", "rb") as f:
+                return b"raylet" in f.read()
+        except OSError:
+            return not os.path.isdir("/proc")  # gone; or no /proc here, and the parent is all there is to watch
+
     def watch() -> None:
-        while os.getppid() == parent:
+        while raylet_alive():
             time.sleep(poll_s)
         os._exit(1)  # no cleanup to wait for: the engine's own processes are reaped with this one
 

@@ -143,12 +143,16 @@ def test_a_worker_that_gets_no_resources_or_never_starts_fails_in_time_and_leave
     with pytest.raises(InfraError, match=r"'rollout-worker-0' failed to start: .*ValueError: no engine here"):
         start_policy(_cfg(joined), lambda: sim(fail="no engine here"), None)  # before: retried for 30 minutes
     _gone(_run_actors, [])
-    _gone(lambda: _processes("ray::RolloutWorker"), [])  # no worker left blocked in its constructor
+    _gone(lambda: _workers(joined), [])  # no worker left blocked in its constructor
 
 
-def _processes(title: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
+def _workers(cluster, *nodes) -> list[int]:
+    """This cluster's rollout worker processes (the machine may run other clusters): children of its raylets."""
+    from agentenv._reaper import _start_time
+
+    raylets = {n.all_processes["raylet"][0].process.pid for n in nodes or cluster.list_all_nodes()}
+    out = subprocess.run(["pgrep", "-f", "ray::.*RolloutWorker"], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if _parent(int(p)) in raylets and _start_time(int(p)) is not None]
 
 
 def _gone(what, empty, within_s: float = 30.0) -> None:
@@ -194,23 +198,30 @@ def test_a_killed_weight_store_is_made_again_and_the_run_goes_on(joined, capfd, 
 
 
 # ---------------------------------------------------------------- nothing outlives the run
-def test_a_worker_blocked_in_its_constructor_does_not_outlive_its_node(joined):
+def test_a_worker_blocked_in_its_constructor_does_not_outlive_its_node(joined, tmp_path):
     from agentenv._reaper import _start_time
     from agentenv.distributed.worker import RolloutWorker
 
     node = joined.add_node(num_cpus=0, resources={"doomed": 1})
+    started = tmp_path / "started"
+
+    def slow_engine():
+        started.touch()
+        return sim(start_s=3600)  # an engine that takes its time to start
+
     worker = ray.remote(RolloutWorker).options(num_cpus=0, resources={"doomed": 1}, max_restarts=0).remote(
-        0, lambda: sim(start_s=3600), "no-store"
-    )  # an engine that takes its time to start
-    raylet = node.all_processes["raylet"][0].process.pid
-    end = time.monotonic() + 60
-    while not (pids := [p for p in _processes("ray::RolloutWorker") if _parent(p) == raylet]):
+        0, slow_engine, "no-store"
+    )  # fmt: skip
+    end = time.monotonic() + 120
+    while not started.exists():
         assert time.monotonic() < end, "the worker never started"
         time.sleep(0.5)
-    os.kill(raylet, signal.SIGKILL)  # the node's raylet dies under the starting worker
+    pids = _workers(joined, node)
+    assert len(pids) == 1
+    os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)  # the raylet dies under the starting worker
     alive = lambda: [p for p in pids if _start_time(p) is not None]  # noqa: E731 - a zombie is dead
     try:
-        _gone(alive, [], within_s=15)  # before: still there after 20 s
+        _gone(alive, [], within_s=30)  # before: still there after 60 s
     finally:
         joined.remove_node(node, allow_graceful=False)
         for p in alive():  # what a failed run of this test left: ended here
