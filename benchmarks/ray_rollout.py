@@ -111,9 +111,11 @@ def np_prod(shape: tuple[int, ...]) -> int:
     return out
 
 
-def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int = 3) -> dict[str, float]:
+def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int = 5) -> dict[str, float]:
     """Push times of random fp32 weights of `shapes` to 1 and 2 workers: the lead's part (gather, serialize, put),
-    the workers' part (fetch and load, the slower worker), end to end; the best of `repeats`."""
+    the workers' part (fetch and load, the slower worker), end to end; the median of `repeats`."""
+    import statistics
+
     import ray
     import torch
 
@@ -124,7 +126,7 @@ def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int
     out: dict[str, float] = {"MB": nbytes / 1e6}
     for n in (1, 2):
         p = sub_policy(pol, n)
-        best: tuple[float, float, float] | None = None
+        runs: list[tuple[float, float, float]] = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             refs = [ray.put(c) for c in client.tensor_chunks(weights, p.chunk_bytes)]
@@ -133,11 +135,11 @@ def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int
             t0 = time.perf_counter()
             p.load_weights(weights)
             total = time.perf_counter() - t0
-            load = max(w["metrics"]["load_s"] for w in p.worker_info())
-            if best is None or total < best[0]:
-                best = (total, put_s, load)
-        assert best is not None
-        out[f"{n}w_total_s"], out[f"{n}w_put_s"], out[f"{n}w_fetch_load_s"] = best
+            infos = p.worker_info()
+            assert {i["version"] for i in infos} == {p.weight_version}  # every worker loaded this push
+            runs.append((total, put_s, max(i["metrics"]["load_s"] for i in infos)))
+        for k, key in enumerate(("total_s", "put_s", "fetch_load_s")):
+            out[f"{n}w_{key}"] = statistics.median(r[k] for r in runs)
     return out
 
 
