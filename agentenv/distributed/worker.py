@@ -5,15 +5,19 @@ factory (the run's `policy.backend` on its config, or a scripted policy for a
 benchmark), so tokens, logprobs, entropies and weight versions come from the
 backend's own code. Weights never go to a worker directly: the lead trainer
 process puts them in the object store in chunks, stages their refs in the
-`WeightStore` with a new version, and asks each worker to `sync`. A worker
-that Ray restarts syncs in its constructor, before it serves a call, so it
-comes back with the current weights.
+`WeightStore` with a new version, and asks each worker to `sync` them. A
+worker that Ray restarts loads the store's newest in its constructor, before
+it serves a call, so it comes back with the current weights. The backend
+counts its own loads; the worker maps them to the run's versions, so each
+token's version is the push whose weights sampled it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,16 +28,33 @@ from agentenv.policies.base import Policy
 from agentenv.types import Generation, SamplingParams
 
 
+def chunk_tensors(chunk: list[tuple[str, Any, str]]) -> Iterator[tuple[str, Any]]:
+    """The `(name, tensor)` pairs of a chunk `tensor_chunks` made (views of the object store's memory: read-only)."""
+    import warnings
+
+    import torch
+
+    for name, arr, dtype in chunk:
+        with warnings.catch_warnings():  # read-only: the engine's load only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
+        yield name, t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
 class WeightStore:
     """The newest weights (object refs of `[(name, tensor), ...]` chunks) and their version.
 
-    One per run, a named actor. Versions count pushes from 1; `committed` is the
-    newest version every live worker has loaded (the lead's push is done).
+    One per run, a named actor, so that a worker Ray restarts finds the newest
+    weights before it serves. The lead trainer process numbers the versions
+    (from 1, one per push) and owns the chunks; the store only holds their refs,
+    so a lost store is rebuilt from what the lead holds (`RayPolicy`).
+    `committed` is the newest version every live worker has loaded (the lead's
+    push is done).
     """
 
     def __init__(self) -> None:
         self.version = 0
-        self.refs: list[Any] = []
+        self.refs: list[Any] | None = []
         self.committed = 0
         self.owner: str | None = None
 
@@ -43,13 +64,14 @@ class WeightStore:
             self.owner = token
         return self.owner == token
 
-    def stage(self, refs: list[Any]) -> int:
-        """Hold `refs` (kept as refs: the chunks stay in the object store) as the next version."""
-        self.version += 1
+    def stage(self, at_least: int, refs: list[Any] | None) -> int:
+        """Hold `refs` (kept as refs: the chunks stay in the object store; None: sent over NCCL) as the next
+        version, and at least `at_least` (the lead's count: a rebuilt store goes on from it)."""
+        self.version = max(self.version + 1, at_least)
         self.refs = refs
         return self.version
 
-    def latest(self) -> tuple[int, list[Any]]:
+    def latest(self) -> tuple[int, list[Any] | None]:
         return self.version, self.refs
 
     def commit(self, version: int) -> None:
@@ -65,46 +87,79 @@ class WeightStore:
         return self.committed
 
 
+def _exit_with_raylet(poll_s: float = 1.0) -> None:
+    """End this process when the raylet that started it is gone (this process's parent changes).
+
+    Ray's own check missed a worker blocked in its constructor (an engine's
+    start): it outlived its node's raylet, holding the engine's memory.
+    """
+    parent = os.getppid()
+
+    def raylet_alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:  # still the raylet: not a process that adopted this one before the watch began
+            with open(f"/proc/{parent}/cmdline", "rb") as f:
+                return b"raylet" in f.read()
+        except OSError:
+            return not os.path.isdir("/proc")  # gone; or no /proc here, and the parent is all there is to watch
+
+    def watch() -> None:
+        while raylet_alive():
+            time.sleep(poll_s)
+        os._exit(1)  # no cleanup to wait for: the engine's own processes are reaped with this one
+
+    threading.Thread(target=watch, name="agentenv-raylet-watch", daemon=True).start()
+
+
 class RolloutWorker:
     """One engine, served to the trainer's processes.
 
     Args:
         index: Its place among the run's workers.
         make_policy: Builds the engine (`Policy`) in this process.
-        store: The run's `WeightStore` actor.
+        store_name: The run's `WeightStore` actor, by name (a rebuilt store has the same name).
+        timeout_s: Bound on a weight fetch from the object store.
     """
 
-    def __init__(self, index: int, make_policy: Callable[[], Policy], store: Any):
+    def __init__(self, index: int, make_policy: Callable[[], Policy], store_name: str, timeout_s: float = 900.0):
+        _exit_with_raylet()
         self.index = index
+        self.timeout_s = timeout_s
         self.policy = make_policy()
-        self.store = store
         self.version = 0
+        # The backend counts its own loads from 0; the run's versions are the lead's. policy version -> run version.
+        self._run_version: dict[int, int] = {self.policy.weight_version: 0}
         self._lock: asyncio.Lock | None = None
         self._started = time.time()
-        version, refs = ray.get(store.latest.remote())
-        if version > 0:  # a restart: load what the trainer pushed last, before any call is served
+        version: int
+        refs: list[Any] | None
+        try:  # a restart: load what the trainer pushed last, before any call is served
+            version, refs = ray.get(ray.get_actor(store_name).latest.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - no store now (lost, being rebuilt): the lead's next sync brings the weights
+            version, refs = 0, None
+        if version > 0 and refs is not None:
             try:
                 self._load(version, refs)
             except ray.exceptions.ObjectLostError:  # the process that pushed them has left: the next push will do
-                self.policy.weight_version = self.version = 0
+                pass
 
     def _load(self, version: int, refs: list[Any]) -> None:
         def tensors() -> Iterator[tuple[str, Any]]:
-            for ref in refs:  # one chunk at a time from the object store
-                yield from ray.get(ref)
+            for ref in refs:  # one chunk at a time from the object store, read where it lies
+                yield from chunk_tensors(ray.get(ref, timeout=self.timeout_s))
 
-        # The backend counts +1 per load; start it one below so every Generation reports the store's version.
-        self.policy.weight_version = version - 1
         self.policy.load_weights(tensors())
+        self._run_version[self.policy.weight_version] = version
         self.version = version
 
-    async def sync(self) -> int:
-        """Load the store's newest weights if newer than ours; returns the version now served."""
+    async def sync(self, version: int, refs: list[Any] | None) -> int:
+        """Load `version` (the lead's chunks `refs`; None: they come over NCCL) if newer than ours; returns the
+        version now served."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            version, refs = await self.store.latest.remote()
-            if version > self.version:
+            if version > self.version and refs is not None:
                 # A thread: loading blocks (the vLLM backend waits for running requests), this loop serves them.
                 await asyncio.to_thread(self._load, version, refs)
         return self.version
@@ -123,8 +178,8 @@ class RolloutWorker:
             self._lock = asyncio.Lock()
 
         def receive() -> None:
-            self.policy.weight_version = version - 1
             self.policy.load_weights_from_group()  # type: ignore[attr-defined]  # join_weight_group checked it has one
+            self._run_version[self.policy.weight_version] = version
             self.version = version
 
         async with self._lock:
@@ -132,7 +187,11 @@ class RolloutWorker:
         return self.version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await self.policy.generate(prompt_ids, params)
+        """The engine's `generate`, each token's version given as the run's (the lead's push that loaded it)."""
+        gen = await self.policy.generate(prompt_ids, params)
+        if gen.versions is not None:
+            gen = dataclasses.replace(gen, versions=[self._run_version[v] for v in gen.versions])
+        return gen
 
     def info(self) -> dict[str, Any]:
         """pid, node, version, uptime and the backend's counters (`metrics()`, where it has them)."""

@@ -14,6 +14,13 @@ vLLM's default "raw" logprobs).
 
 Rows are left-padded; position ids come from the attention mask, so a padded
 row computes the same numbers as the row alone (up to float rounding).
+
+A weight push (`load_weights`) lands between two decode steps. The KV cache
+the old weights computed is then stale: before the next token, every decoding
+row's context (prompt and the tokens it sampled so far) is prefilled again
+under the new weights (a true partial rollout). So each token's version names
+the weights that computed its whole distribution, cache included; a push costs
+one prefill of the batch.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ class HFPolicyStats:
     generated_tokens: int = 0
     max_rows: int = 0
     finished: int = 0
+    rows_recomputed: int = 0
+    """Rows whose cache a weight push made stale, prefilled again under the new weights."""
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -131,6 +140,7 @@ class _Batch:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (B, H_kv, L, D)
     mask: torch.Tensor  # (B, L) long, 1 on real tokens
     pending: torch.Tensor  # (B,) long
+    version: int  # the weights that computed `kv`
 
 
 @dataclass
@@ -144,6 +154,10 @@ class _Request:
     entropies: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     result: Generation | None = None
+
+    def context(self) -> list[int]:
+        """Every token the model has seen or sampled for this row: the prompt, then the turn so far."""
+        return self.prompt_ids + self.token_ids
 
 
 # --------------------------------------------------------------------------- the policy
@@ -240,7 +254,7 @@ class HFPolicy:
 
         Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped. A
         name the model does not have raises ValueError. Sequences decoding at
-        that moment continue with the new weights.
+        that moment continue with the new weights, over a cache recomputed by them.
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         state = self.model.state_dict(keep_vars=True)
@@ -298,7 +312,16 @@ class HFPolicy:
                 if len(keep) < len(self._batch.rows):
                     self._select(keep)
             logits_parts = []
-            if self._batch is not None:
+            if self._batch is not None and self._batch.version != self.weight_version:
+                # A push since the cache was computed: the next tokens must come from the new weights
+                # over a cache the new weights computed, or their version would name the wrong policy.
+                stale, self._batch = self._batch.rows, None
+                self.stats.rows_recomputed += len(stale)
+                for group in self._prefill_groups(stale):
+                    new_batch, new_logits = self._prefill(group)
+                    self._merge(new_batch)
+                    logits_parts.append(new_logits)
+            elif self._batch is not None:
                 logits_parts.append(self._decode())
             for group in self._prefill_groups(sorted(new, key=lambda r: len(r.prompt_ids))):
                 new_batch, new_logits = self._prefill(group)
@@ -315,10 +338,10 @@ class HFPolicy:
         cur: list[_Request] = []
         width = 0
         for r in reqs:
-            w = max(width, len(r.prompt_ids))
+            w = max(width, len(r.context()))
             if cur and w * (len(cur) + 1) > self.config.max_prefill_tokens:
                 groups.append(cur)
-                cur, w = [], len(r.prompt_ids)
+                cur, w = [], len(r.context())
             cur.append(r)
             width = w
         if cur:
@@ -326,13 +349,15 @@ class HFPolicy:
         return groups
 
     def _prefill(self, reqs: list[_Request]) -> tuple[_Batch, torch.Tensor]:
-        """Run left-padded prompts; returns their batch state and last logits (n, V)."""
-        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        """Run left-padded contexts (a new row's prompt; a recomputed row's prompt and turn so far);
+        returns their batch state and last logits (n, V)."""
+        contexts = [r.context() for r in reqs]
+        n, width = len(reqs), max(len(c) for c in contexts)
         ids = torch.zeros((n, width), dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids) :] = 1
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c) :] = torch.tensor(c)
+            mask[i, width - len(c) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, W)
         out = self.model(
@@ -340,8 +365,9 @@ class HFPolicy:
         )
         self.stats.prefill_calls += 1
         self.stats.rows_prefilled += n
-        # The cache covers every prompt token; `pending` is overwritten by the token sampled next.
-        batch = _Batch(rows=list(reqs), kv=_cache_kv(out.past_key_values), mask=mask, pending=ids[:, -1])
+        # The cache covers every context token; `pending` is overwritten by the token sampled next.
+        kv = _cache_kv(out.past_key_values)
+        batch = _Batch(rows=list(reqs), kv=kv, mask=mask, pending=ids[:, -1], version=self.weight_version)
         return batch, out.logits[:, -1]
 
     def _decode(self) -> torch.Tensor:
@@ -361,11 +387,12 @@ class HFPolicy:
         return out.logits[:, -1]
 
     def _merge(self, new: _Batch) -> None:
-        """Append `new` rows to the batch, left-padding the shorter cache."""
+        """Append `new` rows to the batch, left-padding the shorter cache (both computed by the same weights)."""
         if self._batch is None:
             self._batch = new
             return
         b = self._batch
+        assert b.version == new.version, (b.version, new.version)  # one step runs under the lock: no push between
         la, lb = b.mask.shape[1], new.mask.shape[1]
         pad_a, pad_b = max(lb - la, 0), max(la - lb, 0)
         b.kv = [
@@ -412,7 +439,7 @@ class HFPolicy:
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
         keep, done = [], []
         for i, r in enumerate(rows):
-            if self._advance(r, tokens_l[i], lp_l[i], ent_l[i], self.weight_version):
+            if self._advance(r, tokens_l[i], lp_l[i], ent_l[i], b.version):
                 done.append(r)
             else:
                 keep.append(i)

@@ -38,6 +38,11 @@ class RayRolloutConfig:
             `--resources '{"docker": 1}'`. Tools not named here run in the trainer's process.
         deadline_s: A `generate` call unanswered this long: the worker is treated as dead
             (killed and restarted, its calls fail); None for no limit.
+        timeout_s: Bound on every other wait for the cluster: resources for a worker (its
+            placement group), an actor's start (the engine's), a worker's weight fetch and
+            load, a trainer process's wait for the lead's push. Past it the wait fails with
+            one line saying what was asked and what the cluster has. What the cluster's
+            nodes cannot hold at all is refused before any wait.
         max_restarts: Times Ray restarts a dead worker or tool actor (-1: without end).
         weight_chunk_mb: Weights go through the object store in chunks of about this size.
         weight_transport: `object_store`: the lead puts the weights in Ray's object
@@ -55,6 +60,7 @@ class RayRolloutConfig:
     worker_resources: Mapping[str, float] = field(default_factory=dict)
     tools: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     deadline_s: float | None = 600.0
+    timeout_s: float = 900.0
     max_restarts: int = -1
     weight_chunk_mb: int = 64
     weight_transport: Literal["object_store", "nccl"] = "object_store"
@@ -67,6 +73,7 @@ class RayRolloutConfig:
         check_number("rollout.ray.weight_chunk_mb", self.weight_chunk_mb, low=1, low_ok=True, integer=True)
         if self.deadline_s is not None:
             check_number("rollout.ray.deadline_s", self.deadline_s)
+        check_number("rollout.ray.timeout_s", self.timeout_s)
         if self.weight_transport == "nccl" and self.tensor_parallel_size < 1:
             raise ConfigError("rollout.ray.weight_transport", "nccl needs GPU workers: set rollout.ray.tensor_parallel_size >= 1")
         if not self.namespace:

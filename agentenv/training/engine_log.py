@@ -29,11 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from agentenv.errors import ConfigError
+
 __all__ = ["EngineLog"]
 
-# Libraries whose logs stay off the terminal once the engine runs: vLLM's engine client, and
-# transformers / accelerate, which log and draw progress bars at every checkpoint.
-_ENGINE_LOGGERS = ("vllm", "transformers", "accelerate")
+# Libraries whose logs stay off the terminal once the engine runs: vLLM's engine client,
+# transformers / accelerate, which log and draw progress bars at every checkpoint, and Ray's
+# notices to the driver ("A worker died ...", `agentenv.distributed.cluster.NOTICES`).
+_ENGINE_LOGGERS = ("vllm", "transformers", "accelerate", "agentenv.ray_notices")
 
 
 class EngineLog:
@@ -73,6 +76,8 @@ class EngineLog:
             # Python-level writes too, where sys.stdout is not backed by fd 1 (e.g. under pytest).
             with contextlib.redirect_stdout(self._file), contextlib.redirect_stderr(self._file):
                 yield
+        except ConfigError:  # the user's setting, said in one line: the engine's output has nothing to add
+            raise
         except BaseException:
             failed = True
             raise

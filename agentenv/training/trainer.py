@@ -61,6 +61,20 @@ class TrainResult:
     initial_eval: EvalReport | None
 
 
+def refuse_async_world(cfg: RunConfig, world: int) -> None:
+    """Asynchronous training (`trainer.max_staleness` >= 1) runs in one trainer process: refused by name otherwise.
+
+    A fact of the config and the launch, so the command checks it before any process starts work.
+    """
+    eta = cfg.trainer.max_staleness
+    if eta >= 1 and world > 1:
+        raise ConfigError(
+            "trainer.max_staleness",
+            f"{eta} needs one trainer process (this run has {world}): the asynchronous producer "
+            "draws the task stream alone; scale rollout with the policy's engines (Ray placement) instead",
+        )
+
+
 class Trainer:
     """Trains `cfg.model` with `cfg.algorithm` on `cfg.env`.
 
@@ -238,12 +252,7 @@ class Trainer:
     def _check_async(self, world: int) -> None:
         """What asynchronous rollout does not run, refused by name with the reason."""
         tc = self.cfg.trainer
-        if world > 1:
-            raise ConfigError(
-                "trainer.max_staleness",
-                f"{tc.max_staleness} needs one trainer process (this run has {world}): the asynchronous producer "
-                "draws the task stream alone; scale rollout with the policy's engines (Ray placement) instead",
-            )
+        refuse_async_world(self.cfg, world)
         if self.algorithm.max_resample_rounds() > 0:
             raise ConfigError(
                 "trainer.max_staleness",

@@ -242,8 +242,8 @@ def test_a_worker_past_its_deadline_is_restarted_with_the_current_weights(cluste
             self.loaded = dict(named_tensors)
             self.weight_version += 1
 
-    store = ray.remote(WeightStore).remote()
-    worker = ray.remote(RolloutWorker).options(max_restarts=-1, max_task_retries=0, num_cpus=0).remote(0, Hangs, store)
+    store = ray.remote(WeightStore).options(name="hangs-store").remote()
+    worker = ray.remote(RolloutWorker).options(max_restarts=-1, max_task_retries=0, num_cpus=0).remote(0, Hangs, "hangs-store")
     policy = RayPolicy([worker], store, None, deadline_s=2.0)
     try:
         policy.load_weights([("w", torch.ones(3))])

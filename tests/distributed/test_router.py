@@ -65,6 +65,7 @@ def test_random_mode_spreads_one_key():
         ("rollout.ray.workers=0", "rollout.ray.workers"),
         ("rollout.ray.tensor_parallel_size=-1", "rollout.ray.tensor_parallel_size"),
         ("rollout.ray.deadline_s=0", "rollout.ray.deadline_s"),
+        ("rollout.ray.timeout_s=-1", "rollout.ray.timeout_s"),
         ("rollout.ray.max_restarts=-2", "rollout.ray.max_restarts"),
         ("rollout.ray.worker_resources={rollout: 0}", "rollout.ray.worker_resources.rollout"),
         ("rollout.ray.worker_resources={GPU: 1}", "rollout.ray.worker_resources.GPU"),

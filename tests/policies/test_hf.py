@@ -97,7 +97,7 @@ async def test_logprobs_and_entropies_match_sequence_logprobs(small_policy, smal
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
     with torch.no_grad():
         lp, ent = sequence_logprobs(small_policy.model, ids, mask, temperature)  # (B, T-1)
-    for i, (p, g) in enumerate(zip(prompts, gens)):
+    for i, (_p, g) in enumerate(zip(prompts, gens)):
         n = len(g.token_ids)
         torch.testing.assert_close(lp[i, -n:], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
         torch.testing.assert_close(ent[i, -n:], torch.tensor(g.entropies), atol=1e-4, rtol=0)
@@ -269,3 +269,44 @@ def test_load_weights_changes_outputs(small_policy, small_tokenizer):
     with pytest.raises(ValueError, match="no parameter named"):
         small_policy.load_weights({"not.a.weight": torch.zeros(1)})
     assert small_policy.weight_version == v0 + 1  # a refused push is no new version
+
+
+def test_a_token_pushed_mid_turn_is_sampled_by_the_weights_its_version_names(small_tokenizer):
+    """Pushes of DIFFERENT weights land between decode steps of three turns. Every token, recomputed under the
+    weights its version names (the whole context by those weights alone), has the sampler's logprob: the cache the
+    old weights computed is recomputed before the next token (before, the tokens after a push came from the new
+    weights over the old cache: 0.2 to 1 nat off)."""
+    tok = small_tokenizer
+    weights = [make_small_model(len(tok), seed=s).state_dict() for s in (0, 1)]
+    policy = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=make_small_model(len(tok), seed=0), tokenizer=tok)
+    by_version = {policy.weight_version: weights[0]}
+    steps = 0
+    step = policy._step
+
+    def pushing(new):  # a push lands between two steps, as from the trainer's thread
+        nonlocal steps
+        steps += 1
+        if steps in (4, 9, 15):
+            w = weights[len(by_version) % 2]  # 1, 0, 1: each push changes the weights
+            policy.load_weights(w)
+            by_version[policy.weight_version] = w
+        return step(new)
+
+    policy._step = pushing
+    prompts = [_prompt(tok, t) for t in ("the quick brown fox", "lazy", "jumps over the lazy dog 0123")]
+    gens = policy.generate_many_sync(prompts, SamplingParams(max_tokens=24, temperature=1.0, seed=7))
+    assert len(by_version) == 4 and policy.stats.rows_recomputed > 0
+    model = make_small_model(len(tok))
+    # fp32 logits of a 2-layer, 64-wide model, batched and padded vs alone: rounding is a few hundred ulps at most.
+    tol = 1024 * torch.finfo(torch.float32).eps
+    for prompt, g in zip(prompts, gens):
+        assert len(set(g.versions)) > 1 and g.versions == sorted(g.versions)  # the pushes landed mid-turn
+        for version in sorted(set(g.versions)):
+            model.load_state_dict(by_version[version])
+            with torch.no_grad():
+                lp, _ = sequence_logprobs(model, torch.tensor([prompt + g.token_ids]))
+            at = [i for i, v in enumerate(g.versions) if v == version]
+            torch.testing.assert_close(
+                lp[0, len(prompt) - 1 :][at], torch.tensor(g.logprobs)[at], atol=tol, rtol=0,
+                msg=lambda m, v=version: f"tokens stamped version {v}: {m}",
+            )  # fmt: skip
