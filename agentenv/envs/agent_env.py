@@ -21,7 +21,7 @@ import copy
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -40,6 +40,9 @@ from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, PolicyText, Segment, Tokenizer, Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.envs.parts import EnvInputs
 
 # reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
@@ -96,6 +99,13 @@ class AgentEnv(gymnasium.Env):
     """
 
     metadata = {"render_modes": []}
+    can_fork: ClassVar[bool] = True
+    """`fork()` copies the episode and forks its tools (the ARPO tree sampler relies on it)."""
+
+    @classmethod
+    def from_inputs(cls, inputs: EnvInputs) -> AgentEnv:
+        """`env.class: agent`: an AgentEnv over the run's tools, reward and `env` section."""
+        return cls(list(inputs.tools), inputs.tokenizer, reward_fn=inputs.reward_fn, config=inputs.config)
 
     def __init__(
         self,

@@ -111,16 +111,10 @@ def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dic
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Tool], tokenizer: Tokenizer) -> MakeEnv:
-    """A zero-argument callable returning a fresh AgentEnv over the prototype tools."""
-    from agentenv.envs import AgentEnv
+    """A zero-argument callable returning a fresh episode env of `env.class` over the prototype tools."""
+    from agentenv.envs.parts import env_factory
 
-    reward_fn = cfg.reward_fn()
-    prototypes = list(tools.values())
-
-    def make_env() -> Any:
-        return AgentEnv(prototypes, tokenizer, reward_fn=reward_fn, config=cfg)
-
-    return make_env
+    return env_factory(cfg.env_spec(), cfg, list(tools.values()), tokenizer, cfg.reward_fn())
 
 
 @dataclass
