@@ -72,8 +72,8 @@ class EnvClass(Protocol):
 class ClientEnv(Protocol):
     """An environment that drives an OpenAI-compatible client itself (served by agentenv's endpoint).
 
-    `tasks()` gives the run's tasks (its dataset); `run(client, task)` plays one
-    episode and returns the answer text (scored by `env.reward`), a float
+    `tasks()` gives the run's tasks (its dataset); `run(client, task, model)` plays one
+    episode (`model`: the name the endpoint serves) and returns the answer text (scored by `env.reward`), a float
     reward, or a `agentenv.tasks.rewards.Scored` (a reward with its parts).
     """
 
@@ -81,7 +81,7 @@ class ClientEnv(Protocol):
 
     def tasks(self) -> TaskSet: ...
 
-    async def run(self, client: Any, task: Task) -> Any: ...
+    async def run(self, client: Any, task: Task, model: str) -> Any: ...
 
 
 _EPISODE_MEMBERS = ("context", "remaining_tokens", "stop_strings", "done", "reset", "astep", "fork", "trajectory", "aclose")
@@ -102,8 +102,9 @@ def check_env_class(cls: Any, key: str = "env.class") -> Any:
             "agentenv.envs.EpisodeEnv and has a classmethod from_inputs(EnvInputs) and a bool can_fork; see "
             "agentenv.envs.parts)",
         )
-    if not isinstance(cls.can_fork, bool):
-        raise ConfigError(key, f"{cls.__module__}.{name}.can_fork must be True or False, got {cls.can_fork!r}")
+    can_fork = getattr(cls, "can_fork")  # noqa: B009 - present (checked above); a user's class declares it
+    if not isinstance(can_fork, bool):
+        raise ConfigError(key, f"{cls.__module__}.{name}.can_fork must be True or False, got {can_fork!r}")
     return cls
 
 

@@ -251,7 +251,7 @@ class TextEnv(ABC):
         new._branch_token = len(self._context)
         return new
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a hook with a default: most games hold nothing to close
         """Nothing to close (a subclass holding a connection closes it here)."""
 
 
