@@ -240,6 +240,10 @@ class AgentEnv(gymnasium.Env):
         self._append(Segment("prompt", prompt))
         return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
 
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """`reset`, on the event loop (it needs no round trip)."""
+        return self.reset(seed=seed, options=options)
+
     def step(self, action: Generation | Sequence[int] | np.ndarray) -> StepResult:
         """Synchronous `astep`, run on the env's own event loop.
 

@@ -84,7 +84,7 @@ class ClientEnv(Protocol):
     async def run(self, client: Any, task: Task, model: str) -> Any: ...
 
 
-_EPISODE_MEMBERS = ("context", "remaining_tokens", "stop_strings", "done", "reset", "astep", "fork", "trajectory", "aclose")
+_EPISODE_MEMBERS = ("context", "remaining_tokens", "stop_strings", "done", "reset", "areset", "astep", "fork", "trajectory", "aclose")
 
 
 def check_env_class(cls: Any, key: str = "env.class") -> Any:

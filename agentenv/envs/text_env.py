@@ -40,6 +40,7 @@ from agentenv.envs.chat import ChatTemplate, check_from_scratch
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.envs.episode import Observation, StepResult
 from agentenv.envs.spaces import action_ids, as_token_array
+from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
 from agentenv.tasks.task import Task
@@ -100,6 +101,7 @@ class TextEnv(ABC):
         self._eos_id: int | None = tokenizer.eos_token_id
         self._vocab_size = len(tokenizer)
         self.np_random = np.random.default_rng()
+        self._sync = SyncRunner(type(self).__name__, "areset")
         self._clear()
 
     def _clear(self) -> None:
@@ -123,6 +125,10 @@ class TextEnv(ABC):
     def begin(self, task: Task) -> Sequence[Mapping[str, Any]]:
         """Set up the episode's state for `task`; returns the prompt messages (default: the task's)."""
         return task.messages
+
+    async def abegin(self, task: Task) -> Sequence[Mapping[str, Any]]:
+        """`begin` for a game that starts with a round trip (a remote server's reset); default: `begin`."""
+        return self.begin(task)
 
     @abstractmethod
     async def respond(self, text: str) -> Reply:
@@ -151,6 +157,10 @@ class TextEnv(ABC):
         return self._turns
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Synchronous `areset`, on the env's own event loop."""
+        return self._sync.run(self.areset(seed=seed, options=options), "reset")
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Start an episode on `options["task"]`; `seed` seeds `np_random` (for a game's own draws)."""
         task = (options or {}).get("task")
         if not isinstance(task, Task):
@@ -158,7 +168,7 @@ class TextEnv(ABC):
         self._clear()
         if seed is not None:
             self.np_random = np.random.default_rng(seed)
-        messages = [dict(m) for m in self.begin(task)]
+        messages = [dict(m) for m in await self.abegin(task)]
         text = self.chat.render(messages, add_generation_prompt=True)
         prompt = self.chat.encode(text)
         if len(prompt) >= self.config.max_context_tokens:
@@ -240,6 +250,7 @@ class TextEnv(ABC):
     def fork(self) -> TextEnv:
         """An independent copy of the episode (its token state, and the subclass's attributes, shallowly)."""
         new = copy.copy(self)
+        new._sync = SyncRunner(type(self).__name__, "areset")
         new._messages = [dict(m) for m in self._messages]
         new._context = list(self._context)
         new._segments = [copy.deepcopy(s) for s in self._segments]
