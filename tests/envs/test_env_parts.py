@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agentenv.configs import config_from_dict
 from agentenv.envs.parts import EnvInputs, build_env, env_factory
@@ -19,12 +16,12 @@ from agentenv.errors import ConfigError
 from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout import run_episode
 from agentenv.training.build import make_env_factory
-from agentenv.training.metrics import read_metrics
 from agentenv.types import Generation, SamplingParams
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # `guess_env` is a user's module, outside the package
+
+from train_run import train  # noqa: E402 - tests/envs on the path first
 
 GUESS_ENV = {
     "class": "guess_env:GuessEnv",
@@ -150,16 +147,7 @@ RUN = {
 def test_the_game_trains_by_name_from_yaml(tmp_path, tiny_model_path, algorithm):
     out = tmp_path / "run"
     config = {**RUN, "algorithm": algorithm, "trainer": {**RUN["trainer"], "output_dir": str(out)}}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    proc = subprocess.run([sys.executable, "-m", "agentenv", "train", str(path)], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/reward" in r]
-    assert [r["step"] for r in records] == [1, 2]
-    for r in records:
-        assert r["rollout/failed"] == 0
+    for r in train(config, tmp_path):
         assert 0.0 <= r["rollout/reward"] <= 1.0
         assert r["rollout/trajectories"] == 2 * algorithm["group_size"]
     assert json.loads((out / "config.json").read_text())["env"]["class"] == "guess_env:GuessEnv"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from aiohttp import WSMsgType, web
 
 from agentenv.configs import config_from_dict
@@ -25,13 +23,15 @@ from agentenv.rollout import run_episode, run_group
 from agentenv.rollout.config import RolloutConfig
 from agentenv.tasks import Task
 from agentenv.training.build import make_env_factory
-from agentenv.training.metrics import read_metrics
 from agentenv.types import SamplingParams
 
 pytest.importorskip("openenv.core")  # the [envs] extra; scripts/setup.sh installs it
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from train_run import train  # noqa: E402 - tests/envs on the path first
+
 TASK = Task("word", ({"role": "system", "content": "Play the word game."},), "")
 
 
@@ -230,15 +230,8 @@ def test_an_openenv_server_trains_two_steps(server, tmp_path, tiny_model_path):
                     "eval_tasks": 2, "checkpoint_every": 2, "output_dir": str(out)},
         "logging": {"tensorboard": False, "progress": False},
     }  # fmt: skip
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
     before = sessions(log)
-    proc = subprocess.run([sys.executable, "-m", "agentenv", "train", str(path)], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/reward" in r]
-    assert [r["step"] for r in records] == [1, 2]
-    for r in records:
-        assert r["rollout/failed"] == 0 and r["rollout/trajectories"] == 4
+    for r in train(config, tmp_path):
+        assert r["rollout/trajectories"] == 4
     opened, closed = sessions(log)
     assert opened - before[0] >= 8 and closed == opened  # every episode's session (training and evaluation) closed

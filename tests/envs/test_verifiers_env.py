@@ -4,26 +4,23 @@ every token recorded (no prefix break), their rubric as the reward with each fun
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agentenv.configs import config_from_dict
 from agentenv.errors import ConfigError
 from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.training.build import build_agent_runner
-from agentenv.training.metrics import read_metrics
 from agentenv.types import SamplingParams
 
 pytest.importorskip("verifiers")  # noqa: the [verifiers] extra; scripts/setup.sh installs it
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+
+from train_run import train  # noqa: E402 - tests/envs on the path first
 
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": 1, "b": 2}}}}\n</tool_call><|im_end|>'
 
@@ -109,15 +106,6 @@ def test_a_verifiers_environment_trains_two_steps(tmp_path, tiny_model_path, env
                     "eval_tasks": 2, "checkpoint_every": 2, "output_dir": str(out)},
         "logging": {"tensorboard": False, "progress": False},
     }  # fmt: skip
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    proc = subprocess.run([sys.executable, "-m", "agentenv", "train", str(path)], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/reward" in r]
-    assert [r["step"] for r in records] == [1, 2]
-    for r in records:
-        assert r["rollout/failed"] == 0
+    for r in train(config, tmp_path):
         assert r["rollout/prefix_breaks"] == 0 and r["rollout/endpoint_requests"] >= 4
         assert "rollout/reward_part/correct" in r
