@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -24,8 +25,6 @@ from agentenv.rollout.config import RolloutConfig
 from agentenv.tasks import Task
 from agentenv.training.build import make_env_factory
 from agentenv.types import SamplingParams
-
-pytest.importorskip("openenv.core")  # the [envs] extra; scripts/setup.sh installs it
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -235,3 +234,39 @@ def test_an_openenv_server_trains_two_steps(server, tmp_path, tiny_model_path):
         assert r["rollout/trajectories"] == 4
     opened, closed = sessions(log)
     assert opened - before[0] >= 8 and closed == opened  # every episode's session (training and evaluation) closed
+
+
+@pytest.mark.slow
+def test_a_killed_run_leaves_no_session_open(server, tmp_path, tiny_model_path):
+    """SIGKILL the trainer while its episodes hold sessions: the server ends every one (the connections drop)."""
+    import signal
+
+    import yaml
+
+    url, log = server
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "w", "messages": [{"role": "system", "content": "Play."}], "answer": ""}) + "\n")
+    config = {
+        "model": {"path": "tiny"}, "policy": {"backend": "hf", "max_turn_tokens": 8},
+        "env": {**openenv(url), "tasks": {"source": "jsonl", "path": str(tasks)}},
+        "algorithm": {"name": "grpo", "group_size": 4},
+        "trainer": {"steps": 100, "tasks_per_step": 1, "mini_batch_tasks": 1, "micro_batch_size": 4,
+                    "eval_every": 0, "eval_tasks": 0, "output_dir": str(tmp_path / "run")},
+        "logging": {"tensorboard": False, "progress": False},
+    }  # fmt: skip
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    before = sessions(log)[0]
+    proc = subprocess.Popen([sys.executable, "-m", "agentenv", "train", str(tmp_path / "run.yaml")], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(HERE.parents[1])), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while log.read_text().split().count("open") < before + 6 and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before it was killed"
+            time.sleep(0.1)
+        assert log.read_text().split().count("open") >= before + 6, "no session was opened within 300 s"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    opened, closed = sessions(log)
+    assert closed == opened

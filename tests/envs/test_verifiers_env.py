@@ -15,8 +15,6 @@ from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.training.build import build_agent_runner
 from agentenv.types import SamplingParams
 
-pytest.importorskip("verifiers")  # noqa: the [verifiers] extra; scripts/setup.sh installs it
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -37,6 +35,7 @@ def tiny_tokenizer(tiny_model_path):
     return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
+@pytest.mark.slow  # verifiers' first import and the endpoint: ~10-20 s on a loaded machine
 @pytest.mark.parametrize(("environment", "turns", "parts"), [
     ("vf_envs:arith_env", ["{a}<|im_end|>"], {"correct": 1.0, "brief": 1.0}),
     ("vf_envs:add_tool_env", [CALL, "{a}<|im_end|>"], {"correct": 1.0, "add_calls": 1.0}),
@@ -85,6 +84,26 @@ def test_an_environment_that_fails_to_load_is_one_error_naming_it(options, key, 
     assert e.value.key == key
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_failure_mid_episode_fails_that_episode_only(tiny_tokenizer):
+    cfg = config_from_dict({"env": vf_env("vf_envs:flaky_env"), "policy": {"backend": "hf", "max_turn_tokens": 16}})
+    client_env = cfg.env.env_spec().client_env()
+    task = client_env.tasks().train[0]
+    runner = build_agent_runner(cfg, tiny_tokenizer, client_env)
+
+    async def go():
+        try:
+            return await runner.run_group(ScriptedPolicy(tiny_tokenizer, [task.ground_truth + "<|im_end|>"]), task, 2,
+                                          SamplingParams(max_tokens=16), 0)  # fmt: skip
+        finally:
+            await runner.aclose()
+
+    group = asyncio.run(go())
+    failed = [t for t in group if t.failed]
+    assert len(failed) == 1 and "the environment's sandbox died" in failed[0].error
+    assert [t.reward for t in group if not t.failed] == [1.0]
 
 
 def test_arpo_refuses_a_verifiers_environment():

@@ -52,3 +52,19 @@ def add_tool_env(n: int = 8, max_turns: int = 3) -> vf.Environment:
 
 def broken_env(**kwargs) -> vf.Environment:
     raise RuntimeError("the dataset server is down")
+
+
+class FlakyEnv(vf.SingleTurnEnv):
+    """Its rollout raises on every second call: one episode fails mid-way, the others must not."""
+
+    calls = 0
+
+    async def rollout(self, *args, **kwargs):
+        FlakyEnv.calls += 1
+        if FlakyEnv.calls % 2 == 0:
+            raise RuntimeError("the environment's sandbox died")
+        return await super().rollout(*args, **kwargs)
+
+
+def flaky_env(n: int = 8) -> vf.Environment:
+    return FlakyEnv(dataset=Dataset.from_list(_rows(n)), rubric=vf.Rubric(funcs=[correct], weights=[1.0]))
