@@ -23,19 +23,21 @@ traces) goes through `env_factory` / `build_env`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from agentenv.envs.episode import EpisodeEnv, MakeEnv
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
+from agentenv.tasks.rewards import RewardFn
 from agentenv.tasks.sources import TaskSet
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Tokenizer
 
-RewardFn = Callable[[str, Task, dict[str, int]], Any]
+if TYPE_CHECKING:
+    from agentenv.envs.config import AgentEnvConfig
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class EnvInputs:
         reward_fn: `env.reward`'s function (an env with its own reward may ignore it).
     """
 
-    config: Any
+    config: AgentEnvConfig
     options: Any
     tools: Sequence[Tool]
     tokenizer: Tokenizer
@@ -78,6 +80,9 @@ class ClientEnv(Protocol):
     """
 
     can_fork: ClassVar[bool]
+
+    @classmethod
+    def from_options(cls, options: Any) -> ClientEnv: ...
 
     def tasks(self) -> TaskSet: ...
 
@@ -171,7 +176,7 @@ def build_env(spec: EnvSpec, inputs: EnvInputs) -> EpisodeEnv:
     return env
 
 
-def env_factory(spec: EnvSpec, config: Any, tools: Sequence[Tool], tokenizer: Tokenizer, reward_fn: RewardFn) -> MakeEnv:
+def env_factory(spec: EnvSpec, config: AgentEnvConfig, tools: Sequence[Tool], tokenizer: Tokenizer, reward_fn: RewardFn) -> MakeEnv:
     """A zero-argument factory of fresh episode envs over the prototype tools."""
     inputs = EnvInputs(config, spec.options, tuple(tools), tokenizer, reward_fn)
 
