@@ -91,6 +91,7 @@ def sessions(log: Path) -> tuple[int, int]:
     return words.count("open"), words.count("close")
 
 
+@pytest.mark.slow  # the server process starts in 10-40 s on a loaded machine
 def test_episodes_are_server_sessions_rendered_into_tokens(server, tiny_tokenizer):
     url, log = server
     policy = ScriptedPolicy(tiny_tokenizer, ["yes<|im_end|>", "no<|im_end|>"])
@@ -122,6 +123,7 @@ class Hang:
         pass
 
 
+@pytest.mark.slow
 def test_a_cancelled_or_timed_out_episode_closes_its_session(server, tiny_tokenizer):
     url, log = server
     before = sessions(log)
