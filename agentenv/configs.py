@@ -367,6 +367,9 @@ class RunConfig:
             )
         if self.rollout.agent is not None:
             _check_agent(self)
+            if self.env.env_spec().drives_client:
+                raise ConfigError("rollout.agent", f"env.class {self.env.env_class!r} runs its own protocol against "
+                                  "the endpoint; give either it or rollout.agent, not both")  # fmt: skip
         _check_forks(self)
         if self.rollout.placement == "ray":
             for name in self.rollout.ray.tools:
@@ -412,6 +415,11 @@ def _check_forks(cfg: RunConfig) -> None:
 
     if not get_algorithm(cfg.algorithm.name).grows_trees:
         return
+    spec = cfg.env.env_spec()
+    if not spec.can_fork:
+        raise ConfigError("env.class", f"env class {spec.name!r} ({spec.cls.__module__}.{spec.cls.__qualname__}) "
+                          f"cannot fork an episode (can_fork is False), and algorithm {cfg.algorithm.name!r} forks "
+                          "episodes at branch points; use an independent-sampler algorithm (grpo, dapo, rloo, ...)")  # fmt: skip
     for name, (_, tool_cfg) in cfg.env.tool_parts().items():
         for key, why in (getattr(tool_cfg, "unforkable", lambda: {})() or {}).items():
             raise ConfigError(f"env.tools.{name}.{key}", f"{why}, and algorithm {cfg.algorithm.name!r} forks "

@@ -37,6 +37,7 @@ from agentenv.errors import ConfigError
 
 _REST = "agentenv.rest"
 _NONFINITE_OK = "agentenv.nonfinite_ok"
+_KEY = "agentenv.key"
 SEED_RANGE = (0, 2**32 - 1)
 """Seeds numpy, torch and `random` all take."""
 INT_RANGE = (-(2**63), 2**63 - 1)
@@ -49,6 +50,15 @@ _D = TypeVar("_D")
 def rest_field() -> Any:
     """A `Mapping` field that receives every key the dataclass does not declare."""
     return dataclasses.field(default_factory=dict, metadata={_REST: True})
+
+
+def keyed(key: str, default: Any) -> Any:
+    """A field the config spells `key` (a Python keyword such as `class` cannot be a field's name)."""
+    return dataclasses.field(default=default, metadata={_KEY: key})
+
+
+def _key_of(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get(_KEY, f.name))
 
 
 def allow_nonfinite(default: float) -> Any:
@@ -199,7 +209,7 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
     if not isinstance(data, collections.abc.Mapping):
         raise ConfigError(prefix or cls.__name__, f"expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}  # `cls` is a dataclass (the contract)
+    fields = {_key_of(f): f for f in dataclasses.fields(cast(Any, cls)) if f.init}  # `cls` is a dataclass (the contract)
     names = list(fields)
     rest = _rest_name(cls)
     renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
@@ -216,13 +226,14 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(full, f"unknown key (value {value!r}){hint} Known keys: {', '.join(names)}")
-        kwargs[key] = _coerce(value, hints[key], full, bool(fields[key].metadata.get(_NONFINITE_OK)))
+        name = fields[key].name
+        kwargs[name] = _coerce(value, hints[name], full, bool(fields[key].metadata.get(_NONFINITE_OK)))
     if rest is not None:
         kwargs[rest] = extra
     for f in dataclasses.fields(cast(Any, cls)):
         required = f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if required and f.name not in kwargs:
-            raise ConfigError(f"{prefix}.{f.name}" if prefix else f.name, "is required")
+            raise ConfigError(f"{prefix}.{_key_of(f)}" if prefix else _key_of(f), "is required")
     try:
         return cls(**kwargs)
     except ConfigError as e:
@@ -241,7 +252,7 @@ def dump_dataclass(obj: Any) -> Any:
             if f.name == rest:
                 out.update({k: dump_dataclass(v) for k, v in value.items()})
             else:
-                out[f.name] = dump_dataclass(value)
+                out[_key_of(f)] = dump_dataclass(value)
         return out
     if isinstance(obj, collections.abc.Mapping):
         return {k: dump_dataclass(v) for k, v in obj.items()}

@@ -47,6 +47,18 @@ for pkg in $($PY scripts/requirements_met.py --installed torchvision torchaudio 
   fi
 done
 $PY -c 'import agentenv, torch, transformers, gymnasium; from transformers import Qwen2ForCausalLM' || { log "agentenv does not import"; exit 1; }
+# env adapters (env.class: verifiers / openenv): pinned, with --no-deps, because their declared requirements would
+# downgrade openai, mcp, websockets and pillow; these are the modules they import that nothing else installs.
+env_adapters="verifiers==0.3.1 renderers==0.1.12 openai-harmony==0.0.8 prime-pydantic-config==0.4.3 tenacity==9.2.1
+  aiolimiter==1.3.0 prime-sandboxes==0.5.1 aiofiles==25.1.0 connectrpc==0.11.1 protobuf-py==0.1.1 protobuf-py-ext==0.1.1
+  pyqwest==0.12.0 openai-agents==0.24.0 openenv-core==0.3.0 fastmcp==4.2.3 fastmcp-slim==4.2.3 Authlib==1.9.10
+  aiofile==3.12.3 beartype==0.23.1 caio==0.12.10 cyclopts==5.5.2 exceptiongroup==1.3.2 joserfc==1.8.0 jsonref==1.1.0
+  openapi-pydantic==0.6.0 py-key-value-aio==0.5.0 pyperclip==1.11.0 rich-rst==2.2.0 uncalled-for==0.6.2"
+if ! $PY -c 'import verifiers as vf, openenv.core; vf.SingleTurnEnv' >/dev/null 2>&1; then
+  log "installing the env adapters (verifiers, openenv-core) without their pins"
+  # shellcheck disable=SC2086  # one word per package
+  quiet_pip --no-deps $env_adapters
+fi
 
 log "waiting for the Docker daemon and the sandbox image"
 if ! wait "$docker_pid"; then cat "$docker_log"; log "Docker or the sandbox image failed (above)"; exit 1; fi

@@ -24,6 +24,11 @@ _LAZY = {
     "parse_turn": "agentenv.envs.parsing",
     "ResultFormatter": "agentenv.envs.results",
     "check_agent_env": "agentenv.envs.checker",
+    "EnvInputs": "agentenv.envs.parts",
+    "EnvSpec": "agentenv.envs.parts",
+    "register_env_class": "agentenv.envs.parts",
+    "TextEnv": "agentenv.envs.text_env",
+    "Reply": "agentenv.envs.text_env",
 }
 
 __all__ = ["env_id", "register_builtin_envs", "register_env", "register_tool_env", *_LAZY]

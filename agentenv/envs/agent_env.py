@@ -21,7 +21,7 @@ import copy
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -41,6 +41,9 @@ from agentenv.tasks.prompts import is_prefilled
 from agentenv.tasks.task import Task
 from agentenv.tools.base import Tool
 from agentenv.types import Generation, PolicyText, Segment, Tokenizer, Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.envs.parts import EnvInputs
 
 # reward_fn(policy_text, task, tool_calls) -> object with .score, .correct, .format_ok (agentenv.tasks.rewards)
 RewardFn = Callable[[str, Task, dict[str, int]], Any]
@@ -97,6 +100,13 @@ class AgentEnv(gymnasium.Env):
     """
 
     metadata = {"render_modes": []}
+    can_fork: ClassVar[bool] = True
+    """`fork()` copies the episode and forks its tools (the ARPO tree sampler relies on it)."""
+
+    @classmethod
+    def from_inputs(cls, inputs: EnvInputs) -> AgentEnv:
+        """`env.class: agent`: an AgentEnv over the run's tools, reward and `env` section."""
+        return cls(list(inputs.tools), inputs.tokenizer, reward_fn=inputs.reward_fn, config=inputs.config)
 
     def __init__(
         self,
@@ -243,6 +253,10 @@ class AgentEnv(gymnasium.Env):
         self._tools = {name: proto.fork() for name, proto in self._prototypes.items()}
         self._append(Segment("prompt", prompt))
         return as_token_array(prompt), {"task_id": task.id, "prompt_tokens": len(prompt)}
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """`reset`, on the event loop (it needs no round trip)."""
+        return self.reset(seed=seed, options=options)
 
     def step(self, action: Generation | Sequence[int] | np.ndarray) -> StepResult:
         """Synchronous `astep`, run on the env's own event loop.

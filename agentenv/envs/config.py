@@ -1,6 +1,8 @@
 """`AgentEnvConfig`: the agent environment's one config, and the run config's `env` section.
 
     env:
+      class: agent              # the env class: AgentEnv (default), a registered name or 'module:attr'
+      options: {}               # the env class's own options (checked by its config_cls)
       tools:                    # tool name -> its options (a bare list of names works too)
         search: {k: 3}          # checked by the tool's own config class
         python: {mode: stateless, timeout_s: 5}
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE, DEFAULT_TRUNCATION_MARKER, validate_result_fields
 from agentenv.errors import ConfigError
-from agentenv.loader import check_number
+from agentenv.loader import check_number, keyed
 from agentenv.registry import Part
 from agentenv.tasks.rewards import RewardFn, get_reward
 from agentenv.tasks.sources import TasksConfig
 from agentenv.tools.registry import get_tool
+
+if TYPE_CHECKING:
+    from agentenv.envs.parts import EnvSpec
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,12 @@ class AgentEnvConfig:
     """An `AgentEnv` episode: the parts it is made of, its limits, how results are shown.
 
     Attributes:
+        env_class: (`class` in a config) The env class every episode is an
+            instance of: `agent` (`AgentEnv`), `verifiers`, `openenv`, a name
+            registered with `agentenv.envs.parts.register_env_class`, or
+            `module:attr` (see `agentenv.envs.parts`).
+        options: The env class's own options, checked by its `config_cls`
+            (AgentEnv has none: its settings are the fields below).
         tools: Tool name (registered, or `module:attr`) -> its options, checked by
             the tool's config class; a list of names takes every tool's defaults.
             Defaults the task source offers (the toy corpus) fill in options
@@ -69,6 +80,8 @@ class AgentEnvConfig:
             `enable_thinking: false`).
     """
 
+    env_class: str = keyed("class", "agent")
+    options: Mapping[str, Any] = field(default_factory=dict)
     tools: Mapping[str, Any] | tuple[str, ...] = ("search", "python")
     tasks: TasksConfig = field(default_factory=TasksConfig)
     reward: str = "arpo"
@@ -102,6 +115,9 @@ class AgentEnvConfig:
         if not isinstance(self.chat_template_kwargs, Mapping):
             raise ConfigError("env.chat_template_kwargs", f"expected a mapping, got {self.chat_template_kwargs!r}")
         object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("env.options", f"expected a mapping of the env class's options, got {self.options!r}")
+        object.__setattr__(self, "options", dict(self.options))
         if self.max_result_tokens >= self.max_context_tokens:
             raise ConfigError(
                 "env.max_result_tokens",
@@ -126,6 +142,21 @@ class AgentEnvConfig:
             object.__setattr__(self, "_tool_parts", done)
         return done
 
+    def env_spec(self) -> EnvSpec:
+        """`class` resolved with its validated `options` (looked up once).
+
+        Raises:
+            ConfigError: An unknown class (with the closest names), one that does not
+                import, one that is no env class (naming what it lacks), or a bad option.
+        """
+        done = self.__dict__.get("_env_spec")
+        if done is None:
+            from agentenv.envs.parts import resolve_env
+
+            done = resolve_env(self.env_class, self.options)
+            object.__setattr__(self, "_env_spec", done)
+        return cast("EnvSpec", done)
+
     def reward_fn(self) -> RewardFn:
         """The reward function `reward` names."""
         return get_reward(self.reward)
@@ -135,6 +166,7 @@ class AgentEnvConfig:
         from agentenv.envs.chat import load_chat_template
         from agentenv.envs.formats import TOOL_FORMATS
 
+        self.env_spec()
         self.tool_parts()
         self.reward_fn()
         TOOL_FORMATS.get(self.tool_format)

@@ -26,7 +26,9 @@ StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
 class EpisodeEnv(Protocol):
     """One token-level episode, stepped asynchronously and forkable mid-way.
 
-    `reset` starts an episode on `options["task"]`; `astep` takes one policy
+    `reset` starts an episode on `options["task"]` (`areset` on the event loop,
+    which the rollout engine calls: an env may need a round trip to start,
+    such as a remote server's reset); `astep` takes one policy
     turn (a `Generation` or its token ids), runs the tool calls it makes and
     returns the tokens appended after it; `fork` copies the episode (context,
     counters, tools) for a branch; `trajectory` is the episode so far;
@@ -52,6 +54,8 @@ class EpisodeEnv(Protocol):
     def done(self) -> bool: ...
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]: ...
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]: ...
 
     async def astep(self, action: Generation | Sequence[int] | np.ndarray) -> StepResult: ...
 

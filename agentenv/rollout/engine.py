@@ -145,6 +145,11 @@ class Episode:
         obs, _ = self.env.reset(seed=self.seed, options={"task": task})
         return [int(t) for t in obs]
 
+    async def areset(self, task: Task) -> list[int]:
+        """`reset` on the event loop (an env that starts with a round trip, such as a remote server's reset)."""
+        obs, _ = await self.env.areset(seed=self.seed, options={"task": task})
+        return [int(t) for t in obs]
+
     def turn_cap(self) -> int:
         """Most tokens of one turn (the base params')."""
         return self.params.max_tokens
@@ -270,7 +275,7 @@ async def play_to_end(
     try:
         async with asyncio.timeout(timeout_s):
             if fresh:
-                ep.reset(task)
+                await ep.areset(task)
             await (play or ep.run)()
         return ep.trajectory()
     except TimeoutError as e:

@@ -56,7 +56,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 from agentenv.errors import ConfigError
@@ -91,6 +91,21 @@ class RewardResult:
     format_ok: bool
     answer: str | None
     reason: str
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A reward an environment computed itself, with its parts (a verifiers rubric's functions).
+
+    Attributes:
+        score: The reward (the parts' weighted sum, for a rubric).
+        correct: Whether the episode counts as solved (accuracy, pass@k).
+        parts: Each reward function's value, by name (logged, not summed here).
+    """
+
+    score: float
+    correct: bool = False
+    parts: Mapping[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- QA
@@ -380,6 +395,7 @@ __all__ = [
     "MULTI_TOOL_BONUS",
     "RESULT_TAG",
     "REWARDS",
+    "Scored",
     "Reward",
     "RewardFn",
     "RewardResult",

@@ -111,16 +111,10 @@ def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dic
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Tool], tokenizer: Tokenizer) -> MakeEnv:
-    """A zero-argument callable returning a fresh AgentEnv over the prototype tools."""
-    from agentenv.envs import AgentEnv
+    """A zero-argument callable returning a fresh episode env of `env.class` over the prototype tools."""
+    from agentenv.envs.parts import env_factory
 
-    reward_fn = cfg.reward_fn()
-    prototypes = list(tools.values())
-
-    def make_env() -> Any:
-        return AgentEnv(prototypes, tokenizer, reward_fn=reward_fn, config=cfg)
-
-    return make_env
+    return env_factory(cfg.env_spec(), cfg, list(tools.values()), tokenizer, cfg.reward_fn())
 
 
 @dataclass
@@ -183,25 +177,39 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:  # no such hub id, no tokenizer files, offline
         raise ConfigError("model.path", f"cannot load a tokenizer from {path!r}: {first_line(e)}") from None
-    tasks = cfg.env.tasks.load()
+    spec = cfg.env.env_spec()
+    client_env = spec.client_env() if spec.drives_client else None
+    tasks = client_env.tasks() if client_env is not None else cfg.env.tasks.load()
     check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens)  # before the policy's minutes of start-up
     if cfg.rollout.placement == "ray":
         return _build_ray_runtime(cfg, path, tokenizer, tasks)
     tools = build_tools(cfg.env)
     policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
-    rt = Runtime(path, tokenizer, policy, tools, tasks, make_env_factory(cfg.env, tools, tokenizer))
-    if cfg.rollout.agent is not None:
-        rt.agent = build_agent_runner(cfg, tokenizer)
+    make_env = _no_episode_env(spec.name) if client_env is not None else make_env_factory(cfg.env, tools, tokenizer)
+    rt = Runtime(path, tokenizer, policy, tools, tasks, make_env)
+    if cfg.rollout.agent is not None or client_env is not None:
+        rt.agent = build_agent_runner(cfg, tokenizer, client_env)
     return rt
 
 
-def build_agent_runner(cfg: RunConfig, tokenizer: Tokenizer) -> Any:
-    """The runner of `rollout.agent`: the endpoint over the policy, rendering with the env's chat template."""
+def _no_episode_env(name: str) -> MakeEnv:
+    def make_env() -> Any:
+        raise ConfigError("env.class", f"{name!r} runs against the endpoint (rt.agent); it has no episode env")
+
+    return make_env
+
+
+def build_agent_runner(cfg: RunConfig, tokenizer: Tokenizer, client_env: Any = None) -> Any:
+    """The runner of `rollout.agent`, or of a client env (`env.class: verifiers`): the endpoint over the policy,
+    rendering with the env's chat template."""
     from agentenv.envs.chat import ChatTemplate
     from agentenv.rollout.endpoint.agent import AgentRunner
 
     chat = ChatTemplate.from_config(tokenizer, cfg.env.chat_template, cfg.env.chat_template_kwargs)
-    return AgentRunner(cfg.rollout.agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)
+    agent: Any = cfg.rollout.agent
+    if client_env is not None:
+        agent = functools.partial(client_env.run, model=cfg.rollout.endpoint.model_name)
+    return AgentRunner(agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)
 
 
 def ray_policy_factory(cfg: RunConfig, model_path: str) -> Any:

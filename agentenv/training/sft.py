@@ -71,15 +71,16 @@ def build_examples(cfg: RunConfig, tokenizer: Any) -> tuple[SFTExamples, float]:
     Raises:
         ConfigError: No data and no solver, a solver that does not import, or no conversation survived.
     """
-    from agentenv.envs import AgentEnv
+    from agentenv.envs.parts import EnvInputs, build_env
 
     sc = cfg.sft
     t0 = time.perf_counter()
     tools = build_tools(cfg.env)
     reward_fn = cfg.env.reward_fn()
+    spec = cfg.env.env_spec()
 
     def make_env(prototypes: Any) -> Any:
-        return AgentEnv(prototypes, tokenizer, reward_fn=reward_fn, config=cfg.env)
+        return build_env(spec, EnvInputs(cfg.env, spec.options, tuple(prototypes), tokenizer, reward_fn))
 
     params = cfg.policy.sampling_params()
 

@@ -2,7 +2,8 @@
 
     async def agent(client: openai.AsyncOpenAI, task: agentenv.tasks.Task) -> str | float:
         ...   # any loop of client.chat.completions.create(...) calls, tools run by the agent itself
-        return "the final answer"     # scored by env.reward against the task; or a float: the reward
+        return "the final answer"     # scored by env.reward against the task; or a float: the reward;
+                                      # or a `Scored` (a reward with its parts, logged as rollout/reward_part/*)
 
 Each episode opens its own key on the endpoint and gets a client with it. All
 the requests it makes are recorded (`agentenv.rollout.endpoint.recorder`); its
@@ -32,6 +33,7 @@ from agentenv.registry import load_import_path
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.engine import cancel_requested, derive_seed
+from agentenv.tasks.rewards import Scored
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 
@@ -78,6 +80,7 @@ class AgentRunner:
         self._sem: asyncio.Semaphore | None = None
         self._http: Any = None
         self._seen: Counter[str] = Counter()  # endpoint counts already reported by `metrics`
+        self._parts: dict[str, list[float]] = {}  # each reward part's values since the last `metrics`
 
     async def start(self) -> None:
         await self.endpoint.start()
@@ -115,7 +118,7 @@ class AgentRunner:
             try:
                 async with asyncio.timeout(self.rollout.episode_timeout_s):
                     result = await self.agent(self.client(rec.key), task)
-                if isinstance(result, bool) or not isinstance(result, (str, int, float)):
+                if isinstance(result, bool) or not isinstance(result, (str, int, float, Scored)):
                     error = f"the agent returned {type(result).__name__}; it must return a str (its answer) or a float (the reward)"
             except TimeoutError:
                 error = f"TimeoutError: the agent ran past rollout.episode_timeout_s={self.rollout.episode_timeout_s:g} s"
@@ -145,7 +148,12 @@ class AgentRunner:
                 t.info["reward"] = dict(info)
             return trajs
 
-    async def _score(self, result: str | float, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
+    async def _score(self, result: str | float | Scored, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
+        if isinstance(result, Scored):
+            for name, value in result.parts.items():
+                self._parts.setdefault(name, []).append(value)
+            return result.score, {"score": result.score, "correct": result.correct, "format_ok": True,
+                                  "parts": dict(result.parts)}  # fmt: skip
         if isinstance(result, str):
             calls: Counter[str] = Counter()
             for t in trajs:
@@ -174,10 +182,12 @@ class AgentRunner:
         now = Counter(self.endpoint.counts)
         delta = now - self._seen
         self._seen = now
+        parts, self._parts = self._parts, {}
         return {
             "rollout/endpoint_requests": float(delta["requests"]),
             "rollout/prefix_breaks": float(delta["prefix_breaks"]),
             "rollout/endpoint_errors": float(sum(v for k, v in delta.items() if k.startswith("error/"))),
+            **{f"rollout/reward_part/{k}": sum(v) / len(v) for k, v in sorted(parts.items())},
         }
 
     async def aclose(self) -> None:

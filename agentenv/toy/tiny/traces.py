@@ -149,11 +149,13 @@ def make_tools(corpus_path: str | Path, search_k: int) -> list[Any]:
 
 
 def make_env(tools: list[Any], tokenizer: Any, max_result_tokens: int, max_context_tokens: int) -> Any:
-    from agentenv.envs.agent_env import AgentEnv
+    """The traces' env: the default env class (`AgentEnv`), built like a run's."""
     from agentenv.envs.config import AgentEnvConfig
+    from agentenv.envs.parts import EnvInputs, build_env
 
     cfg = AgentEnvConfig(max_result_tokens=max_result_tokens, max_context_tokens=max_context_tokens)
-    return AgentEnv(tools, tokenizer, config=cfg)
+    spec = cfg.env_spec()
+    return build_env(spec, EnvInputs(cfg, spec.options, tuple(tools), tokenizer, cfg.reward_fn()))
 
 
 async def _trace_one(
