@@ -22,13 +22,19 @@ def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor
     Returns:
         (logp (..., V), entropy (...)).
     """
+    logp = scaled_log_softmax(logits, temperature)
+    p = logp.exp()
+    # p == 0 only where logp == -inf (masked logits); 0 * -inf would be nan.
+    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    return logp, ent
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """Log-softmax of `logits / T` over the last dim, in float32 (`logprobs_and_entropy` without the entropy,
+    which costs four more passes over (..., V) when only the sampled tokens' logprobs are wanted)."""
     t: torch.Tensor | float
     if isinstance(temperature, torch.Tensor):
         t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
     else:
         t = float(temperature) if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / t, dim=-1)
-    p = logp.exp()
-    # p == 0 only where logp == -inf (masked logits); 0 * -inf would be nan.
-    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-    return logp, ent
+    return torch.log_softmax(logits.float() / t, dim=-1)
