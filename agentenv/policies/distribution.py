@@ -15,7 +15,7 @@ def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor
     """Log-softmax of `logits / T` over the last dim and its exact entropy.
 
     Args:
-        logits: (..., V), any float dtype (computed in float32).
+        logits: (..., V), any float dtype (computed in float32, or float64 for float64 logits).
         temperature: A float, or a tensor broadcastable to `logits[..., :1]`;
             zeros are read as 1 (greedy is reported at T = 1).
 
@@ -30,11 +30,13 @@ def logprobs_and_entropy(logits: torch.Tensor, temperature: float | torch.Tensor
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
-    """Log-softmax of `logits / T` over the last dim, in float32 (`logprobs_and_entropy` without the entropy,
-    which costs four more passes over (..., V) when only the sampled tokens' logprobs are wanted)."""
+    """Log-softmax of `logits / T` over the last dim, in float32 or wider (a float64 model is scored in float64)
+    (`logprobs_and_entropy` without the entropy: four more passes over (..., V) when only the sampled tokens'
+    logprobs are wanted)."""
     t: torch.Tensor | float
     if isinstance(temperature, torch.Tensor):
         t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
     else:
         t = float(temperature) if temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / t, dim=-1)
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(wide / t, dim=-1)

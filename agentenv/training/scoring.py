@@ -73,7 +73,7 @@ def _score(
             return _packed(model, plan, temperature, entropy)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, :-1].float()  # (B, T-1, V): predicts token t+1
+    logits = logits[:, :-1]  # (B, T-1, V): predicts token t+1 (scored in float32 or wider)
     if entropy:
         logp, ent = logprobs_and_entropy(logits, temperature)  # (B, T-1, V), (B, T-1)
     else:
@@ -104,7 +104,7 @@ def _packed(model: Any, plan: PackPlan, temperature: float, entropy: bool) -> tu
     ).logits  # (R, P, V)
     src = plan.src.to(device)  # (B, T)
     if entropy:
-        logp, ent = logprobs_and_entropy(logits.float(), temperature)  # (R, P, V), (R, P)
+        logp, ent = logprobs_and_entropy(logits, temperature)  # (R, P, V), (R, P)
     else:
         logp, ent = scaled_log_softmax(logits, temperature), None
     token_logp = logp.flatten(0, 1)[src, plan.targets.to(device)]  # (B, T)
