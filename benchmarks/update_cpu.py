@@ -23,7 +23,7 @@ shapes) run as plain `torch.mm`/`torch.bmm` on this CPU; "of bound" is their
 time over the variant's. Machine load moves every number; the ratios come
 from one process.
 
-    python benchmarks/update_cpu.py [--tasks 8] [--repeats 3] [--threads N]
+    python benchmarks/update_cpu.py [--tasks 8] [--mini-batch-tasks 4] [--repeats 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -197,6 +197,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=8, help="groups in the step (configs/toy_arpo.yaml: 8)")
+    ap.add_argument("--mini-batch-tasks", type=int, default=0, help="groups per mini-batch (0: the config's, 4)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
@@ -209,7 +210,7 @@ def main() -> None:
     start = {k: v.clone() for k, v in model.state_dict().items()}
     batch = make_batch(tree_rows(args.tasks, model.config.vocab_size))
     m = cfg.algorithm_config.group_size
-    per_mb = tc.mini_batch_tasks * m
+    per_mb = (args.mini_batch_tasks or tc.mini_batch_tasks) * m
     mb_rows = [torch.arange(i, min(i + per_mb, len(batch))) for i in range(0, len(batch), per_mb)]
 
     # FLOPs and the matmul bound of what each variant computes: forwards with no gradient, then forward + backward
