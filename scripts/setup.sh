@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-log() { printf '[setup] %s\n' "$*"; }
-quiet_pip() { $PY -m pip install -q "$@" 2>&1 | grep -v "Running pip as the 'root' user" || true; }
 t0=$SECONDS
+log() { printf '[setup %3d s] %s\n' "$((SECONDS - t0))" "$*"; }  # seconds since the start: where the time goes
+quiet_pip() { $PY -m pip install -q "$@" 2>&1 | grep -v "Running pip as the 'root' user" || true; }
 
 # 1. torch first, pinned to the CPU build (a range would pull a CUDA build).
 if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
@@ -25,7 +25,8 @@ docker_log=$(mktemp -t agentenv-setup-docker.XXXXXX)
 if ! $PY -c 'import docker, gymnasium, yaml' 2>/dev/null; then
   quiet_pip docker gymnasium pyyaml
 fi
-( bash scripts/setup_docker.sh && PYTHONPATH="$PWD" $PY -m agentenv.tools.python_sandbox build ) >"$docker_log" 2>&1 &
+( bash scripts/setup_docker.sh && log "the Docker daemon answers" && PYTHONPATH="$PWD" $PY -m agentenv.tools.python_sandbox build \
+  && log "the sandbox image is ready" ) >"$docker_log" 2>&1 &
 docker_pid=$!
 
 # 3. The package and its extras, unless this checkout is installed and every requirement is met.

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from agentenv.policies.distribution import logprobs_and_entropy
+from agentenv.policies.distribution import logprobs_and_entropy, scaled_log_softmax
 from agentenv.training.packing import PackPlan, additive_mask, check_packable, plan_packing
 
 PACK_MIN_SAVING = 0.1
@@ -44,16 +44,40 @@ def sequence_logprobs(
         `entropies[b, t]` the entropy (nats) of that next-token distribution.
         Values at padded positions are meaningless; mask them.
     """
+    lp, ent = _score(model, input_ids, attention_mask, temperature, pack, entropy=True)
+    assert ent is not None
+    return lp, ent
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    pack: bool = False,
+) -> torch.Tensor:
+    """`sequence_logprobs`'s logprobs alone, (B, T-1): what the trainer's recompute and update use. The entropy
+    (an exp, a product and a sum over every (position, vocabulary) pair) is not computed."""
+    return _score(model, input_ids, attention_mask, temperature, pack, entropy=False)[0]
+
+
+def _score(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, temperature: float, pack: bool,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if pack:
         plan = plan_packing(input_ids, attention_mask)
         if plan.saving >= PACK_MIN_SAVING:
-            return packed_logprobs(model, plan, temperature)
+            return _packed(model, plan, temperature, entropy)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, :-1].float()  # (B, T-1, V): predicts token t+1
-    logp, ent = logprobs_and_entropy(logits, temperature)  # (B, T-1, V), (B, T-1)
+    logits = logits[:, :-1]  # (B, T-1, V): predicts token t+1 (scored in float32 or wider)
+    if entropy:
+        logp, ent = logprobs_and_entropy(logits, temperature)  # (B, T-1, V), (B, T-1)
+    else:
+        logp, ent = scaled_log_softmax(logits, temperature), None
     token_logp = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
     return token_logp, ent
 
@@ -65,6 +89,12 @@ def packed_logprobs(model: Any, plan: PackPlan, temperature: float = 1.0) -> tup
         (logprobs, entropies), each (B, T) as the unpacked call gives them
         (padding columns hold a real position's values; mask them).
     """
+    lp, ent = _packed(model, plan, temperature, entropy=True)
+    assert ent is not None
+    return lp, ent
+
+
+def _packed(model: Any, plan: PackPlan, temperature: float, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     check_packable(model)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
@@ -72,7 +102,10 @@ def packed_logprobs(model: Any, plan: PackPlan, temperature: float = 1.0) -> tup
     logits = model(
         input_ids=plan.input_ids.to(device), attention_mask=mask, position_ids=plan.position_ids.to(device)
     ).logits  # (R, P, V)
-    logp, ent = logprobs_and_entropy(logits.float(), temperature)  # (R, P, V), (R, P)
     src = plan.src.to(device)  # (B, T)
+    if entropy:
+        logp, ent = logprobs_and_entropy(logits, temperature)  # (R, P, V), (R, P)
+    else:
+        logp, ent = scaled_log_softmax(logits, temperature), None
     token_logp = logp.flatten(0, 1)[src, plan.targets.to(device)]  # (B, T)
-    return token_logp, ent.flatten()[src]
+    return token_logp, (ent.flatten()[src] if ent is not None else None)

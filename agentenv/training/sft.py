@@ -40,7 +40,7 @@ from agentenv.training.data import TaskStream
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.packing import packing_enabled
 from agentenv.training.schedule import lr_factor
-from agentenv.training.scoring import sequence_logprobs
+from agentenv.training.scoring import token_logprobs
 from agentenv.training.sft_data import SFTExamples, read_conversations, replay_all, solve_tasks
 from agentenv.types import Trajectory
 
@@ -204,7 +204,7 @@ class SFTTrainer:
         total = 0.0
         for s in chunks(len(batch), sc.micro_batch_size):
             part = batch.select(s).trimmed().to(self.acc.device)
-            lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, 1.0, pack=self.pack)  # (b, t)
+            lp = token_logprobs(self.model, part.input_ids, part.attention_mask, 1.0, pack=self.pack)  # (b, t)
             loss = nll_loss(lp, part.loss_mask, n_tokens)
             self.acc.backward(loss)
             total += float(loss.detach())

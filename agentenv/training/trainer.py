@@ -47,7 +47,7 @@ from agentenv.training.metrics import MetricsLogger
 from agentenv.training.packing import packing_enabled
 from agentenv.training.rollout_log import RolloutLog
 from agentenv.training.schedule import lr_factor
-from agentenv.training.scoring import sequence_logprobs
+from agentenv.training.scoring import token_logprobs
 from agentenv.types import Group
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ class Trainer:
         self.total_updates = total
         # shared prefixes once in recompute and update (auto: for algorithms that grow trees)
         self.pack = packing_enabled(tc.pack_prefixes, model, trees=self.algorithm.grows_trees)
+        self.fuse_old_logprobs = self._update_yields_old_logprobs(model)
         self.strategy = sharding.Strategy(self.acc, tc.strategy, cfg.model.lora)
         self.model, self.opt, self.sched = self.strategy.prepare(
             model,
@@ -325,17 +326,17 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def recompute(self, batch: TrainBatch, model: torch.nn.Module) -> torch.Tensor:
-        """Logprobs of the batch under `model`, in micro-batches: (B, T)."""
+    def recompute(self, batch: TrainBatch, model: torch.nn.Module, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logprobs of the batch under `model`, in micro-batches: (B, T); only `rows` (bool, (B,)) when given
+        (the others stay 0: the update's first mini-batch fills its own, `_update_yields_old_logprobs`)."""
         out = torch.zeros_like(batch.old_logprobs)
+        index = torch.arange(len(batch)) if rows is None else torch.nonzero(rows).flatten()
         mb = self.cfg.trainer.micro_batch_size
-        parts = chunks(len(batch), mb)
+        parts = chunks(len(index), mb)
         for s in parts:
-            part = batch.select(s).trimmed().to(self.acc.device)
-            lp, _ = sequence_logprobs(
-                model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
-            )
-            out[s, : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
+            part = batch.select(index[s]).trimmed().to(self.acc.device)
+            lp = token_logprobs(model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack)
+            out[index[s], : lp.shape[1]] = lp.float().cpu()  # columns past the trim stay 0 (padding)
         if model is not self.ref_model:
             self._idle_passes(batch, len(parts), backward=False)
         return out * batch.loss_mask
@@ -345,7 +346,7 @@ class Trainer:
         for _ in range(self.strategy.common_count(done) - done):
             part = batch.select(slice(0, 1)).trimmed().to(self.acc.device)
             with torch.set_grad_enabled(backward):
-                lp, _ = sequence_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
+                lp = token_logprobs(self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature)
                 if backward:
                     self.acc.backward(lp.sum() * 0.0)
 
@@ -382,8 +383,12 @@ class Trainer:
                 group_of.append(gi)
         batch = collate(trajs, advs, self.pad_id)
         t1 = time.perf_counter()
+        tasks_per_mb = tc.mini_batch_tasks // world
+        group_idx = torch.tensor(group_of)
+        # the first mini-batch's forward, before any optimizer step, is under the weights the recompute would use
+        fused = (group_idx < tasks_per_mb) if self.fuse_old_logprobs else torch.zeros(len(batch), dtype=torch.bool)
         self.model.eval()
-        batch.old_logprobs = self.recompute(batch, self.unwrapped())
+        batch.old_logprobs = self.recompute(batch, self.unwrapped(), rows=~fused)
         if self.ref_model is not None:
             batch.ref_logprobs = self.recompute(batch, self.ref_model)
         self.model.train()
@@ -393,15 +398,14 @@ class Trainer:
             self.rollout_log.train_step(step + 1, groups, trajs, batch)
 
         # updates: this rank's tasks split into mini-batches of whole groups
-        tasks_per_mb = tc.mini_batch_tasks // world
-        group_idx = torch.tensor(group_of)
         loss_metrics: list[dict[str, float]] = []
         grad_norms: list[float] = []
         skipped = 0  # updates whose gradient norm was not finite
-        for _ in range(tc.ppo_epochs):
+        for epoch in range(tc.ppo_epochs):
             for g0 in range(0, len(groups), tasks_per_mb):
                 rows = torch.nonzero((group_idx >= g0) & (group_idx < g0 + tasks_per_mb)).flatten()
-                loss_metrics += self.accumulate(batch.select(rows), tc.micro_batch_size)
+                fill = (batch, rows) if epoch == 0 and g0 == 0 and bool(fused.any()) else None
+                loss_metrics += self.accumulate(batch.select(rows), tc.micro_batch_size, old_logprobs_into=fill)
                 if self.acc.sync_gradients:
                     gn = self.strategy.clip_grad_norm_(self.model, tc.max_grad_norm)
                     grad_norms.append(gn)
@@ -468,13 +472,17 @@ class Trainer:
             "time/tokens_per_s": clock["tokens"] / wall,
         }
 
-    def accumulate(self, mb: TrainBatch, micro_batch_size: int) -> list[dict[str, float]]:
+    def accumulate(
+        self, mb: TrainBatch, micro_batch_size: int, old_logprobs_into: tuple[TrainBatch, torch.Tensor] | None = None
+    ) -> list[dict[str, float]]:
         """Gradients of one mini-batch (this rank's rows), in micro-batches; returns each one's loss metrics.
 
         Each micro-batch's loss is divided by the whole mini-batch's counts
         (`loss_norm`), so their sum, which backward accumulates, is the
         mini-batch's loss whatever the micro-batch size; gradients are
-        all-reduced across ranks on the last micro-batch.
+        all-reduced across ranks on the last micro-batch. `old_logprobs_into`
+        (the step's batch, and the rows `mb` holds): the forward's logprobs are
+        the old ones (no optimizer step yet), written there and used as such.
         """
         norm = self.loss_norm(mb.loss_mask)
         micro = chunks(len(mb), micro_batch_size)
@@ -482,14 +490,34 @@ class Trainer:
         for mi, s in enumerate(micro):
             part = mb.select(s).trimmed().to(self.acc.device)
             with self.strategy.no_sync(self.model, last=mi == len(micro) - 1):
-                new_lp, _ = sequence_logprobs(
+                new_lp = token_logprobs(
                     self.model, part.input_ids, part.attention_mask, self.cfg.policy.temperature, pack=self.pack
                 )
+                if old_logprobs_into is not None:
+                    part.old_logprobs = new_lp.detach().float() * part.loss_mask
+                    batch, rows = old_logprobs_into
+                    batch.old_logprobs[rows[s], : new_lp.shape[1]] = part.old_logprobs.cpu()
                 loss, m = self.algorithm.loss(part, new_lp, norm=norm)
                 self.acc.backward(loss)  # summed over micro-batches, not averaged
             metrics.append(m)
         self._idle_passes(mb, len(micro), backward=True)
         return metrics
+
+    def _update_yields_old_logprobs(self, model: torch.nn.Module) -> bool:
+        """Whether the update's first mini-batch supplies its rows' old logprobs, instead of a recompute.
+
+        Its forward runs before any optimizer step of the step, so under the
+        weights the recompute would use; it qualifies when that forward is the
+        recompute's: no dropout active in train mode (the model's, LoRA's), and
+        no reference model (an algorithm with a KL term may read old minus
+        reference logprobs in `finalize`, before any update: REINFORCE++'s KL in
+        the return). Every algorithm otherwise (GRPO, ARPO, DAPO, GSPO, any
+        `trainer.ppo_epochs`, `trainer.max_staleness`, world size, packing); with
+        one mini-batch a step (`mini_batch_tasks` = `tasks_per_step`) no recompute is left.
+        """
+        dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+        attention_dropout = float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0)
+        return self.ref_model is None and not dropout and attention_dropout == 0.0
 
     def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """`t` summed over every process (a collective: each process calls it alike)."""

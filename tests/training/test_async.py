@@ -17,9 +17,12 @@ from agentenv.algorithms.core import aggregate, clipped_pg_loss, decoupled_weigh
 from agentenv.configs import config_from_dict
 from agentenv.envs.testing import make_task
 from agentenv.errors import ConfigError
+from agentenv.policies.models import resolve_model_path
+from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.training.async_rollout import AsyncRollout, Pending, group_versions
+from agentenv.training.build import build_runtime
 from agentenv.training.trainer import Trainer
-from agentenv.types import Group, Segment, Trajectory
+from agentenv.types import Generation, Group, SamplingParams, Segment, Trajectory
 
 
 # ---------------------------------------------------------------- the producer alone
@@ -183,8 +186,23 @@ def test_versions_are_exact_when_a_push_lands_mid_generation():
 
 
 # ---------------------------------------------------------------- the trainer
-def _run(overrides, **kw):
-    trainer = Trainer(config_from_dict({}, overrides), **kw)
+class SeededScript(ScriptedPolicy):
+    """The same rollouts and rewards on every CPU (sampled ones depend on the CPU's kernels): a request with an even
+    seed answers in the format (reward 0 or more), an odd one does not (-1); seeds are hashed, not sampled."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        assert params.seed is not None
+        text = "<answer>\\boxed{0}</answer>" if params.seed % 2 == 0 else "no answer"
+        return self._gen(self._encode(text) + [self.tokenizer.eos_token_id], "eos")
+
+
+def _run(overrides, scripted: bool = False, **kw):
+    cfg = config_from_dict({}, overrides)
+    rt = None
+    if scripted:
+        rt = build_runtime(cfg, resolve_model_path(cfg.model.path))
+        rt.policy = SeededScript(rt.tokenizer, [])
+    trainer = Trainer(cfg, runtime=rt, **kw)
     trainer.train()
     out = Path(trainer.cfg.trainer.output_dir)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -195,17 +213,20 @@ def _run(overrides, **kw):
 
 @pytest.mark.slow
 def test_async_path_at_eta_0_equals_the_synchronous_trainer(fast_overrides, tmp_path):
-    """The producer at eta = 0 trains on the synchronous loop's batches: same tasks, losses, metrics and weights."""
+    """The producer at eta = 0 trains on the synchronous loop's batches: same tasks, losses, metrics and weights.
+    The rollouts are scripted by seed (`SeededScript`): sampled ones depend on the CPU's kernels, and on one CPU
+    every group had the same reward (nothing to learn); these differ in every group on every CPU."""
     base = fast_overrides + ["trainer.eval_tasks=0"]
-    sync = _run(base + [f"trainer.output_dir={tmp_path / 'sync'}"])
-    asyn = _run(base + [f"trainer.output_dir={tmp_path / 'async'}"], async_rollout=True)
+    sync = _run(base + [f"trainer.output_dir={tmp_path / 'sync'}"], scripted=True)
+    asyn = _run(base + [f"trainer.output_dir={tmp_path / 'async'}"], scripted=True, async_rollout=True)
     assert sync[1] == asyn[1]
     timing = ("time",)  # wall-clock values: "time" and "time/..."
     for a, b in zip(sync[0], asyn[0]):
         assert {k: v for k, v in a.items() if not k.startswith(timing)} == {
             k: v for k, v in b.items() if not k.startswith(timing)
         }
-    assert any(m["train/grad_norm"] > 0 for m in sync[0])  # something was learned, and learned alike
+    # learned, and learned alike: the scripted rewards (and so the advantages) are the same on every CPU
+    assert any(m["train/grad_norm"] > 0 for m in sync[0]), [(m["rollout/reward"], m["train/grad_norm"]) for m in sync[0]]
     assert all(torch.equal(sync[2][k], asyn[2][k]) for k in sync[2])
     assert all(m["async/staleness_max"] == 0 for m in sync[0] + asyn[0])
 
