@@ -45,6 +45,13 @@ ROLLOUT_METRICS = (
     ("old_logprobs_s", "time/old_logprobs_s"),
     ("update_s", "time/update_s"),
     ("push_s", "time/push_s"),
+    # what ARPO's sampler did (`agentenv.algorithms.arpo.metrics`); absent (n/a) for other algorithms
+    ("arpo_branches_per_tree", "arpo/branches_per_tree"),
+    ("arpo_branch_points_per_traj", "arpo/branch_points_per_traj"),
+    ("arpo_delta_h_after_tool", "arpo/delta_h_after_tool"),
+    ("arpo_delta_h_at_branch", "arpo/delta_h_at_branch"),
+    ("arpo_branch_share_of_tools", "arpo/branch_share_of_tools"),
+    ("arpo_budget_out", "arpo/budget_out"),
 )
 
 # positions after a tool result that the table's entropy column averages
@@ -208,6 +215,24 @@ def _ratio(x: float, ref: float) -> str:
     return f" ({x / ref:.2f}x)" if ref and math.isfinite(x) and math.isfinite(ref) else ""
 
 
+def tree_cell(r: VariantRow) -> str:
+    """What ARPO's trees did, in one cell: branches per tree, branch points per trajectory, mean ΔH after a
+    tool result / at the branch points, the share of tool results spent on branches, trees whose budget ran out."""
+    ro = r.rollout
+    if ro["arpo_branches_per_tree"].n == 0:
+        return "—"
+
+    def v(stem: str, fmt: str) -> str:
+        s = ro[stem]
+        return fmt.format(s.mean) if s.n else "n/a"
+
+    return (
+        f"{v('arpo_branches_per_tree', '{:.1f}')} br/tree, {v('arpo_branch_points_per_traj', '{:.2f}')} bp/traj, "
+        f"ΔH {v('arpo_delta_h_after_tool', '{:+.3f}')} / {v('arpo_delta_h_at_branch', '{:+.3f}')}, "
+        f"{v('arpo_branch_share_of_tools', '{:.0%}')} of calls, out {v('arpo_budget_out', '{:.0%}')}"
+    )
+
+
 def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
     """The main table: held-out accuracy with intervals, the paired difference, pass@k, costs."""
     first = rows[0].variant if rows else ""
@@ -222,6 +247,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
         f"reward (last {last})",
         "tool calls/traj",
         "tool results/group (vs first)",
+        "ARPO tree",
         "gen tokens/group",
         "H after tool (0-9)",
         "wall min/run",
@@ -242,6 +268,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(r.rollout["reward"]),
             _pm(r.rollout["tool_calls_per_traj"], "{:.2f}"),
             _pm(calls, "{:.1f}") + _ratio(calls.mean, ref_calls),
+            tree_cell(r),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
             _pm(Spread(r.wall_s.mean / 60, r.wall_s.std / 60, r.wall_s.min / 60, r.wall_s.max / 60, r.wall_s.n), "{:.1f}"),
@@ -350,6 +377,9 @@ def markdown_report(
         "tool results/group: the tool results the env returned per task (a tree's shared prefix counted once: "
         "the tool-call budget the ARPO paper compares; answers to malformed calls included), and its ratio to "
         "the first variant; tool calls/traj: well-formed calls per trajectory, shared prefixes counted in each. "
+        "ARPO tree (means over the same steps and seeds): branches per tree, branch points per trajectory, "
+        "ΔH = (H_t - H_initial) / scale over every probed tool result / at the branch points chosen, the share of "
+        "the tree's tool results its branches paid for, and the share of trees whose branch slots ran out. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
         f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy "
         f"({'seeds ' + ', '.join(map(str, bench.probe.seeds)) if bench.probe.seeds else 'every seed'}, pooled). "

@@ -31,6 +31,10 @@ def _run(tmp_path, variant: str, seed: int, batches=None, eval_seed=None) -> Run
         records.append({"step": s, "rollout/reward": 0.1 * s + seed, "rollout/tool_calls_per_traj": 1.0 + s,
                         "rollout/tool_results_per_group": calls, "rollout/gen_tokens_per_group": 300.0,
                         "time/step_s": 10.0, "rollout/entropy": 0.5})  # fmt: skip
+        if variant == "b":  # an ARPO run logs what its trees did
+            records[-1].update({"arpo/branches_per_tree": 1.0 + s, "arpo/branch_points_per_traj": 0.25,
+                                "arpo/delta_h_after_tool": 0.1, "arpo/delta_h_at_branch": 0.3,
+                                "arpo/branch_share_of_tools": 0.25, "arpo/budget_out": 0.5})  # fmt: skip
     records.append({"step": 2, "eval/accuracy": acc})
     top = 2.0 if variant == "a" else 3.0  # apart, so neither line hides the other
     h = PositionEntropy([top - 0.02 * i for i in range(50)], [4] * 50)
@@ -69,12 +73,16 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
     assert "| a | grpo | 3 | 0.300 [0.052, 0.548] | — |" in md
     assert "| b | arpo | 3 | 0.350 [0.113, 0.587] | +0.050 [0.025, 0.075] * |" in md
     assert "4.0 ± 0.0 (0.50x)" in md  # the tree's tool calls per group against the first variant's 8
+    # what the trees did, beside the tool calls (the last step of 2: 1 + 2 branches per tree); GRPO has no tree
+    assert "(0.50x) | 3.0 br/tree, 0.25 bp/traj, ΔH +0.100 / +0.300, 25% of calls, out 50% |" in md
+    assert "8.0 ± 0.0 (1.00x) | — |" in md
     assert "| a | 0.300 [0.052, 0.548] | 0.150 [0.026, 0.274] | 0.300 [0.052, 0.548] | 0.400 [0.152, 0.648] |" in md
     assert "Paired: for each seed every variant trained on the same task batches (2 steps" in md
     rows = list(csv.DictReader(files["csv"].open()))
     assert float(rows[1]["diff_vs_first_ci_low"]) == pytest.approx(0.025159, abs=1e-5)
     assert rows[1]["diff_vs_first_excludes_0"] == "1"
     assert float(rows[0]["wall_s_mean"]) == pytest.approx(90.0)  # training 60 + probe 30
+    assert rows[0]["arpo_branches_per_tree_mean"] == "nan" and float(rows[1]["arpo_budget_out_mean"]) == 0.5
     from matplotlib.image import imread
 
     for name in ("heldout_accuracy", "reward_curves", "tool_calls", "entropy_after_tool"):
