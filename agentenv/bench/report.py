@@ -20,9 +20,12 @@ from agentenv.bench.stats import (
     Interval,
     PositionEntropy,
     Spread,
+    binomial_error,
     by_kind_over_seeds,
     curve,
+    detectable_difference,
     final_mean,
+    paired_differences,
     paired_interval,
     pass_at_k_over_seeds,
     spread,
@@ -301,6 +304,59 @@ def timing_table(rows: Sequence[VariantRow], last: int) -> str:
     return "\n".join(lines)
 
 
+def resolution(bench: BenchConfig, runs: Sequence[RunResult], rows: Sequence[VariantRow]) -> list[str]:
+    """What this design can resolve: one run's binomial error, the seed-to-seed spread of the paired
+    differences, the smallest difference it detects, and the positive control's verdict."""
+    if not rows:
+        return []
+    conf = bench.confidence
+    first = rows[0].variant
+    by: dict[str, dict[int, float]] = {}
+    for r in runs:
+        by.setdefault(r.variant, {})[r.seed] = float(r.eval.get("accuracy", math.nan))
+    n_tasks = max((int(r.eval.get("n_tasks", 0)) for r in runs), default=0)
+    acc = spread(a for v in by.values() for a in v.values())
+    err = binomial_error(acc.mean, n_tasks)
+    lines = [
+        f"Resolution. One run's held-out accuracy has a binomial standard error of ±{100 * err:.1f} points "
+        f"(accuracy {acc.mean:.2f}, {n_tasks} tasks; more samples per task narrow it less than more tasks)."
+    ]
+    # the seed-to-seed spread of paired differences, pooled over the variants that are not the control
+    variances, n_seeds = [], 0
+    for name, accs in by.items():
+        if name in (first, bench.control):
+            continue
+        diffs = list(paired_differences(by[first], accs).values())
+        if len(diffs) >= 2:
+            variances.append(float(spread(diffs).std) ** 2)
+            n_seeds = max(n_seeds, len(diffs))
+    if variances:
+        sd = math.sqrt(sum(variances) / len(variances))
+        mde = detectable_difference(sd, n_seeds, conf)
+        lines.append(
+            f"Seed-to-seed spread of a paired difference (sd over seeds, pooled over {len(variances)} variant(s)): "
+            f"{100 * sd:.1f} points; with {n_seeds} seeds the smallest difference from {first} this design detects "
+            f"(paired t test at {1 - conf:.2f}, 80% power) is {100 * mde:.1f} points."
+        )
+    if bench.control:
+        row = next((r for r in rows if r.variant == bench.control), None)
+        d = row.diff_vs_first if row is not None else None
+        if d is None or d.n < 2:
+            lines.append(f"Positive control {bench.control}: no paired difference (fewer than 2 seeds); nothing resolved.")
+        elif d.high < 0:
+            lines.append(
+                f"Positive control {bench.control}: {fmt_interval(d, signed=True)} against {first}, below 0 outside "
+                f"the {conf:.0%} interval, as it must be: the bench resolves a difference of this size."
+            )
+        else:
+            lines.append(
+                f"Positive control {bench.control}: {fmt_interval(d, signed=True)} against {first}; its interval "
+                f"does not lie below 0, so THIS BENCH RESOLVES NOTHING: no difference in the table can be told "
+                "from noise (more seeds, more held-out tasks or more steps are needed)."
+            )
+    return lines
+
+
 def pairing_check(runs: Sequence[RunResult]) -> list[str]:
     """Check that the runs of one seed were paired; returns the problems found (empty: paired).
 
@@ -387,6 +443,7 @@ def markdown_report(
         "",
         markdown_table(rows, last),
         "",
+        *(line for text in resolution(bench, runs, rows) for line in (text, "")),
         f"Held-out accuracy by task kind and pass@k (mean over seeds [{conf} t interval]):",
         "",
         kind_table(rows),

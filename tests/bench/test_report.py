@@ -94,3 +94,42 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
         rgb = img[..., :3]
         for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):
             assert (abs(rgb - color).sum(-1) < 0.1).sum() > 50, (name, color)
+
+
+def test_resolution_control_outside_the_interval_and_the_detectable_difference(tmp_path):
+    """a = reference, b = +0.05 (sd of the differences 0.01), c = the control: -0.10, -0.12, -0.08 (resolved)."""
+    ACC["c"] = [0.10, 0.18, 0.32]
+    try:
+        runs = [_run(tmp_path, v, s) for v in ("a", "b", "c") for s in (0, 1, 2)]
+        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
+                                        "variants": {"a": {}, "b": {}, "c": {}}})  # fmt: skip
+        md, _ = write_report(bench, runs, None)
+    finally:
+        del ACC["c"]
+    # all nine accuracies: mean 0.2833; 4 tasks: sqrt(p(1-p)/4) = 0.2251
+    assert "binomial standard error of ±22.5 points (accuracy 0.28, 4 tasks" in md
+    # b - a = 0.05, 0.06, 0.04: sd 0.01; (t_.975,2 4.3027 + t_.8,2 1.0607) * 0.01 / sqrt 3 = 0.0310
+    assert "1.0 points; with 3 seeds the smallest difference from a this design detects" in md
+    assert "80% power) is 3.1 points." in md
+    assert "Positive control c: -0.100 [-0.150, -0.050] * against a, below 0 outside the 95% interval" in md
+
+
+def test_a_control_inside_the_interval_says_the_bench_resolves_nothing(tmp_path):
+    ACC["c"] = [0.25, 0.20, 0.45]  # -> +0.05, -0.10, +0.05
+    try:
+        runs = [_run(tmp_path, v, s) for v in ("a", "c") for s in (0, 1, 2)]
+        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
+                                        "variants": {"a": {}, "c": {}}})  # fmt: skip
+        md, _ = write_report(bench, runs, None)
+    finally:
+        del ACC["c"]
+    assert "Positive control c: +0.000 [" in md and "THIS BENCH RESOLVES NOTHING" in md
+
+
+def test_control_must_be_a_later_variant():
+    from agentenv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="control.*'z' is not a variant"):
+        bench_config_from_dict({"control": "z", "variants": {"a": {}, "b": {}}})
+    with pytest.raises(ConfigError, match="control.*'a' is the first variant"):
+        bench_config_from_dict({"control": "a", "variants": {"a": {}, "b": {}}})
