@@ -21,6 +21,7 @@ from agentenv.bench.runner import (
 )
 from agentenv.bench.stats import PositionEntropy
 from agentenv.cli import app
+from agentenv.errors import ConfigError
 
 
 def _bench(tmp_path, **extra):
@@ -133,3 +134,15 @@ def test_cli_plan_prints_and_runs_nothing(tmp_path):
     assert not (tmp_path / "out" / "runs").exists()
     bad = CliRunner().invoke(app, ["bench", str(path), "--plan", "seeds=[0]"])
     assert bad.exit_code == 2 and "smoke=true" in bad.output
+
+
+def test_plan_on_ray_divides_by_the_runs_at_once(tmp_path):
+    text = show_plan(_bench(tmp_path, ray={"address": "auto", "max_parallel": 3, "num_cpus": 2}))
+    run = PRIOR_START_S + 40 * PRIOR_TRAJ_S + 80 * PRIOR_EVAL_SAMPLE_S
+    total = 6 * run + 2 * (PRIOR_START_S + 8 * PRIOR_EVAL_SAMPLE_S)
+    assert f"on Ray (auto), 3 runs at once: ~{total / 3 / 60:.1f} min if the cluster holds 3 x (2 CPUs, 0 GPUs)" in text
+    text = show_plan(_bench(tmp_path, ray={"address": "auto"}))
+    assert "the time above is the sequential sum, an upper bound" in text
+    assert "on Ray" not in show_plan(_bench(tmp_path))
+    with pytest.raises(ConfigError, match="ray.max_parallel"):
+        _bench(tmp_path, ray={"address": "auto", "max_parallel": -1})
