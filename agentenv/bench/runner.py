@@ -330,6 +330,12 @@ def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunRe
     )
     basis = "; ".join(prior if h == "prior" else h for h in how) or "nothing to train"
     lines.append(f"estimated wall time: {total / 60:.1f} min (per run: {basis})")
+    walls = [r.wall_s for r in finished]
+    if todo and walls:  # the measured runs' spread: a shared machine's load moves a run's time more than its size
+        mean = sum(walls) / len(walls)
+        lo, hi = (total * w / mean for w in (min(walls), max(walls)))  # as if every run went as fast or as slow
+        lines.append(f"the finished runs took {min(walls) / 60:.1f}-{max(walls) / 60:.1f} min each: "
+                     f"{lo / 60:.1f}-{hi / 60:.1f} min at their fastest and slowest")  # fmt: skip
     rc = bench.ray
     if rc.address and todo:
         if rc.max_parallel:

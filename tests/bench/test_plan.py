@@ -120,6 +120,8 @@ def test_plan_reuses_finished_redoes_killed_and_estimates_from_measured_runs(tmp
     assert "b                    seed 0    redo   (made by another config or probe, ~2.3 min)" in text
     assert "measured: 2 finished a run(s)" in text and "measured: 2 finished run(s) of other variants" in text
     assert f"estimated wall time: {(110 + 140 + 110 + 110) / 60:.1f} min" in text
+    # the finished runs took 100 and 120 s: the total scaled to the fastest and the slowest
+    assert "the finished runs took 1.7-2.0 min each: 7.1-8.5 min at their fastest and slowest" in text
 
     off = _bench(tmp_path, reuse=False)
     assert "(0 reused, 6 to train)" in show_plan(off)
