@@ -343,7 +343,7 @@ def resolution(bench: BenchConfig, runs: Sequence[RunResult], rows: Sequence[Var
         d = row.diff_vs_first if row is not None else None
         if d is None or d.n < 2:
             lines.append(f"Positive control {bench.control}: no paired difference (fewer than 2 seeds); nothing resolved.")
-        elif d.high < 0:
+        elif d.excludes(0.0) and d.high < 0:  # a degenerate interval (every seed equal) excludes nothing
             lines.append(
                 f"Positive control {bench.control}: {fmt_interval(d, signed=True)} against {first}, below 0 outside "
                 f"the {conf:.0%} interval, as it must be: the bench resolves a difference of this size."

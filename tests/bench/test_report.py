@@ -126,6 +126,20 @@ def test_a_control_inside_the_interval_says_the_bench_resolves_nothing(tmp_path)
     assert "Positive control c: +0.000 [" in md and "THIS BENCH RESOLVES NOTHING" in md
 
 
+def test_a_control_whose_seeds_all_lose_by_the_same_amount_resolves_nothing(tmp_path):
+    """Every seed -0.05: a zero-width 'interval' below 0 is no interval (measured: 2 seeds of 30 tasks did this)."""
+    ACC["c"] = [0.15, 0.25, 0.35]
+    try:
+        runs = [_run(tmp_path, v, s) for v in ("a", "c") for s in (0, 1, 2)]
+        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
+                                        "variants": {"a": {}, "c": {}}})  # fmt: skip
+        md, _ = write_report(bench, runs, None)
+    finally:
+        del ACC["c"]
+    assert "Positive control c: -0.050 [all 3 seeds equal] against a; its interval" in md
+    assert "THIS BENCH RESOLVES NOTHING" in md
+
+
 def test_control_must_be_a_later_variant():
     from agentenv.errors import ConfigError
 
