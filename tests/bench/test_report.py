@@ -96,16 +96,21 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
             assert (abs(rgb - color).sum(-1) < 0.1).sum() > 50, (name, color)
 
 
-def test_resolution_control_outside_the_interval_and_the_detectable_difference(tmp_path):
-    """a = reference, b = +0.05 (sd of the differences 0.01), c = the control: -0.10, -0.12, -0.08 (resolved)."""
-    ACC["c"] = [0.10, 0.18, 0.32]
+def _control_report(tmp_path, control_acc: list[float], variants: str) -> str:
+    """The report of `variants` (a, [b,] c) over seeds 0-2, c the control with these accuracies."""
+    ACC["c"] = control_acc
     try:
-        runs = [_run(tmp_path, v, s) for v in ("a", "b", "c") for s in (0, 1, 2)]
+        runs = [_run(tmp_path, v, s) for v in variants for s in (0, 1, 2)]
         bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
-                                        "variants": {"a": {}, "b": {}, "c": {}}})  # fmt: skip
-        md, _ = write_report(bench, runs, None)
+                                        "variants": {v: {} for v in variants}})  # fmt: skip
+        return write_report(bench, runs, None)[0]
     finally:
         del ACC["c"]
+
+
+def test_resolution_control_outside_the_interval_and_the_detectable_difference(tmp_path):
+    """a = reference, b = +0.05 (sd of the differences 0.01), c = the control: -0.10, -0.12, -0.08 (resolved)."""
+    md = _control_report(tmp_path, [0.10, 0.18, 0.32], "abc")
     # all nine accuracies: mean 0.2833; 4 tasks: sqrt(p(1-p)/4) = 0.2251
     assert "binomial standard error of ±22.5 points (accuracy 0.28, 4 tasks" in md
     # b - a = 0.05, 0.06, 0.04: sd 0.01; (t_.975,2 4.3027 + t_.8,2 1.0607) * 0.01 / sqrt 3 = 0.0310
@@ -115,27 +120,13 @@ def test_resolution_control_outside_the_interval_and_the_detectable_difference(t
 
 
 def test_a_control_inside_the_interval_says_the_bench_resolves_nothing(tmp_path):
-    ACC["c"] = [0.25, 0.20, 0.45]  # -> +0.05, -0.10, +0.05
-    try:
-        runs = [_run(tmp_path, v, s) for v in ("a", "c") for s in (0, 1, 2)]
-        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
-                                        "variants": {"a": {}, "c": {}}})  # fmt: skip
-        md, _ = write_report(bench, runs, None)
-    finally:
-        del ACC["c"]
+    md = _control_report(tmp_path, [0.25, 0.20, 0.45], "ac")  # -> +0.05, -0.10, +0.05
     assert "Positive control c: +0.000 [" in md and "THIS BENCH RESOLVES NOTHING" in md
 
 
 def test_a_control_whose_seeds_all_lose_by_the_same_amount_resolves_nothing(tmp_path):
     """Every seed -0.05: a zero-width 'interval' below 0 is no interval (measured: 2 seeds of 30 tasks did this)."""
-    ACC["c"] = [0.15, 0.25, 0.35]
-    try:
-        runs = [_run(tmp_path, v, s) for v in ("a", "c") for s in (0, 1, 2)]
-        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
-                                        "variants": {"a": {}, "c": {}}})  # fmt: skip
-        md, _ = write_report(bench, runs, None)
-    finally:
-        del ACC["c"]
+    md = _control_report(tmp_path, [0.15, 0.25, 0.35], "ac")
     assert "Positive control c: -0.050 [all 3 seeds equal] against a; its interval" in md
     assert "THIS BENCH RESOLVES NOTHING" in md
 
