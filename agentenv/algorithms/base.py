@@ -225,6 +225,15 @@ class Algorithm(ABC):
         """
         return {}
 
+    def rollout_metrics(self, groups: Sequence[Group], reduce: Reduce) -> dict[str, float]:
+        """What the sampler did this step, logged as they are (ARPO: its trees' branches and ΔH); default: none.
+
+        The trainer calls it once per step on every process with this process's
+        groups; `reduce` sums a tensor over processes (call it the same number of
+        times on every process).
+        """
+        return {}
+
 
 def generated_tokens(traj: Trajectory) -> int:
     """Policy tokens this trajectory generated itself (those before `branch_token` are copies)."""

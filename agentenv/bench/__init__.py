@@ -1,6 +1,7 @@
 """agentenv.bench: train several algorithms on the same seeds, tasks and budget; tables and plots.
 
     agentenv bench configs/bench/quick_toy.yaml [--plan] [trainer.steps=2 seeds=[0] smoke=true]
+    agentenv bench configs/bench/quick_toy.yaml ray.address=auto ray.num_cpus=2   # the runs on a Ray cluster
 
 `run_benchmark(path, overrides)` is what the CLI calls; `execute(BenchConfig)`
 runs a config built in code. Heavy modules (torch, the trainer, matplotlib)

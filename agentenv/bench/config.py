@@ -118,6 +118,43 @@ class ProbeConfig:
 
 
 @dataclass(frozen=True)
+class RayBenchConfig:
+    """Runs of a benchmark on a Ray cluster (the `ray` section); without an address they run here, one by one.
+
+    Every (variant, seed) run is one Ray task with the resources below; as many
+    run at once as the cluster's free resources (and `max_parallel`) allow. Each
+    writes into the benchmark's `output_dir` as a local run does, so the folder
+    must be shared by every node (a local cluster; NFS or the like across
+    machines). A finished run is skipped as locally (its `bench_run.json`).
+
+    Attributes:
+        address: The cluster (`auto`, `HOST:PORT`, `local` for a one-node cluster
+            started here); None: the local, sequential mode (the default).
+        num_cpus: CPUs one run reserves.
+        num_gpus: GPUs one run reserves (its trainer and engine).
+        max_parallel: Most runs in flight at once (0: as the resources allow).
+        max_retries: Times a run whose worker died (killed, its node lost) is
+            trained again from scratch before the benchmark gives up on it.
+        namespace: Ray namespace of the benchmark's tasks.
+    """
+
+    address: str | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_parallel: int = 0
+    max_retries: int = 2
+    namespace: str = "agentenv-bench"
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError("ray.num_cpus" if self.num_cpus < 0 else "ray.num_gpus", "must be >= 0")
+        if self.max_parallel < 0:
+            raise ConfigError("ray.max_parallel", f"must be >= 0 (0: as the resources allow), got {self.max_parallel}")
+        if self.max_retries < 0:
+            raise ConfigError("ray.max_retries", f"must be >= 0, got {self.max_retries}")
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     """A benchmark: every variant trained on every seed with the same budget.
 
@@ -142,6 +179,12 @@ class BenchConfig:
         probe: Entropy-after-tool probe of the trained policies.
         reuse: Reuse a run whose directory already holds its results under the
             same resolved config (a killed benchmark continues where it stopped).
+        ray: Run the runs on a Ray cluster (`ray.address`), several at once.
+        control: A positive control: the name of a variant that must lose to
+            the first (the update switched off with `trainer.lr=0`, rewards
+            permuted, ...). The report checks that its paired difference lies
+            below 0 outside the interval, and says plainly that the bench
+            resolved nothing when it does not.
     """
 
     name: str = "bench"
@@ -156,6 +199,8 @@ class BenchConfig:
     final_steps: int = 0
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     reuse: bool = True
+    ray: RayBenchConfig = field(default_factory=RayBenchConfig)
+    control: str = ""
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -179,6 +224,10 @@ class BenchConfig:
                 raise ConfigError(f"variants.{name}", f"expected a mapping of sections, got {spec!r}")
             if CONFIG_KEY in spec and not Path(str(spec[CONFIG_KEY])).is_file():
                 raise ConfigError(f"variants.{name}.{CONFIG_KEY}", f"file not found: {spec[CONFIG_KEY]}")
+        if self.control and self.control not in self.variants:
+            raise ConfigError("control", f"{self.control!r} is not a variant; choose one of {', '.join(self.variants)}")
+        if self.control and self.control == next(iter(self.variants)):
+            raise ConfigError("control", f"{self.control!r} is the first variant, the reference it must lose to")
         if self.final_steps < 0:
             raise ConfigError("final_steps", f"must be >= 0, got {self.final_steps}")
 

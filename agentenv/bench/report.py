@@ -20,9 +20,12 @@ from agentenv.bench.stats import (
     Interval,
     PositionEntropy,
     Spread,
+    binomial_error,
     by_kind_over_seeds,
     curve,
+    detectable_difference,
     final_mean,
+    paired_differences,
     paired_interval,
     pass_at_k_over_seeds,
     spread,
@@ -45,6 +48,13 @@ ROLLOUT_METRICS = (
     ("old_logprobs_s", "time/old_logprobs_s"),
     ("update_s", "time/update_s"),
     ("push_s", "time/push_s"),
+    # what ARPO's sampler did (`agentenv.algorithms.arpo.metrics`); absent (n/a) for other algorithms
+    ("arpo_branches_per_tree", "arpo/branches_per_tree"),
+    ("arpo_branch_points_per_traj", "arpo/branch_points_per_traj"),
+    ("arpo_delta_h_after_tool", "arpo/delta_h_after_tool"),
+    ("arpo_delta_h_at_branch", "arpo/delta_h_at_branch"),
+    ("arpo_branch_share_of_tools", "arpo/branch_share_of_tools"),
+    ("arpo_budget_out", "arpo/budget_out"),
 )
 
 # positions after a tool result that the table's entropy column averages
@@ -208,6 +218,24 @@ def _ratio(x: float, ref: float) -> str:
     return f" ({x / ref:.2f}x)" if ref and math.isfinite(x) and math.isfinite(ref) else ""
 
 
+def tree_cell(r: VariantRow) -> str:
+    """What ARPO's trees did, in one cell: branches per tree, branch points per trajectory, mean ΔH after a
+    tool result / at the branch points, the share of tool results spent on branches, trees whose budget ran out."""
+    ro = r.rollout
+    if ro["arpo_branches_per_tree"].n == 0:
+        return "—"
+
+    def v(stem: str, fmt: str) -> str:
+        s = ro[stem]
+        return fmt.format(s.mean) if s.n else "n/a"
+
+    return (
+        f"{v('arpo_branches_per_tree', '{:.1f}')} br/tree, {v('arpo_branch_points_per_traj', '{:.2f}')} bp/traj, "
+        f"ΔH {v('arpo_delta_h_after_tool', '{:+.3f}')} / {v('arpo_delta_h_at_branch', '{:+.3f}')}, "
+        f"{v('arpo_branch_share_of_tools', '{:.0%}')} of calls, out {v('arpo_budget_out', '{:.0%}')}"
+    )
+
+
 def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
     """The main table: held-out accuracy with intervals, the paired difference, pass@k, costs."""
     first = rows[0].variant if rows else ""
@@ -222,6 +250,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
         f"reward (last {last})",
         "tool calls/traj",
         "tool results/group (vs first)",
+        "ARPO tree",
         "gen tokens/group",
         "H after tool (0-9)",
         "wall min/run",
@@ -242,6 +271,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(r.rollout["reward"]),
             _pm(r.rollout["tool_calls_per_traj"], "{:.2f}"),
             _pm(calls, "{:.1f}") + _ratio(calls.mean, ref_calls),
+            tree_cell(r),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
             _pm(Spread(r.wall_s.mean / 60, r.wall_s.std / 60, r.wall_s.min / 60, r.wall_s.max / 60, r.wall_s.n), "{:.1f}"),
@@ -272,6 +302,59 @@ def timing_table(rows: Sequence[VariantRow], last: int) -> str:
         cells += [_pm(r.rollout[k], "{:.2f}") for k in ("step_s", "rollout_s", "old_logprobs_s", "update_s", "push_s")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def resolution(bench: BenchConfig, runs: Sequence[RunResult], rows: Sequence[VariantRow]) -> list[str]:
+    """What this design can resolve: one run's binomial error, the seed-to-seed spread of the paired
+    differences, the smallest difference it detects, and the positive control's verdict."""
+    if not rows:
+        return []
+    conf = bench.confidence
+    first = rows[0].variant
+    by: dict[str, dict[int, float]] = {}
+    for r in runs:
+        by.setdefault(r.variant, {})[r.seed] = float(r.eval.get("accuracy", math.nan))
+    n_tasks = max((int(r.eval.get("n_tasks", 0)) for r in runs), default=0)
+    acc = spread(a for v in by.values() for a in v.values())
+    err = binomial_error(acc.mean, n_tasks)
+    lines = [
+        f"Resolution. One run's held-out accuracy has a binomial standard error of ±{100 * err:.1f} points "
+        f"(accuracy {acc.mean:.2f}, {n_tasks} tasks; more samples per task narrow it less than more tasks)."
+    ]
+    # the seed-to-seed spread of paired differences, pooled over the variants that are not the control
+    variances, n_seeds = [], 0
+    for name, accs in by.items():
+        if name in (first, bench.control):
+            continue
+        diffs = list(paired_differences(by[first], accs).values())
+        if len(diffs) >= 2:
+            variances.append(float(spread(diffs).std) ** 2)
+            n_seeds = max(n_seeds, len(diffs))
+    if variances:
+        sd = math.sqrt(sum(variances) / len(variances))
+        mde = detectable_difference(sd, n_seeds, conf)
+        lines.append(
+            f"Seed-to-seed spread of a paired difference (sd over seeds, pooled over {len(variances)} variant(s)): "
+            f"{100 * sd:.1f} points; with {n_seeds} seeds the smallest difference from {first} this design detects "
+            f"(paired t test at {1 - conf:.2f}, 80% power) is {100 * mde:.1f} points."
+        )
+    if bench.control:
+        row = next((r for r in rows if r.variant == bench.control), None)
+        d = row.diff_vs_first if row is not None else None
+        if d is None or d.n < 2:
+            lines.append(f"Positive control {bench.control}: no paired difference (fewer than 2 seeds); nothing resolved.")
+        elif d.excludes(0.0) and d.high < 0:  # a degenerate interval (every seed equal) excludes nothing
+            lines.append(
+                f"Positive control {bench.control}: {fmt_interval(d, signed=True)} against {first}, below 0 outside "
+                f"the {conf:.0%} interval, as it must be: the bench resolves a difference of this size."
+            )
+        else:
+            lines.append(
+                f"Positive control {bench.control}: {fmt_interval(d, signed=True)} against {first}; its interval "
+                f"does not lie below 0, so THIS BENCH RESOLVES NOTHING: no difference in the table can be told "
+                "from noise (more seeds, more held-out tasks or more steps are needed)."
+            )
+    return lines
 
 
 def pairing_check(runs: Sequence[RunResult]) -> list[str]:
@@ -350,6 +433,9 @@ def markdown_report(
         "tool results/group: the tool results the env returned per task (a tree's shared prefix counted once: "
         "the tool-call budget the ARPO paper compares; answers to malformed calls included), and its ratio to "
         "the first variant; tool calls/traj: well-formed calls per trajectory, shared prefixes counted in each. "
+        "ARPO tree (means over the same steps and seeds): branches per tree, branch points per trajectory, "
+        "ΔH = (H_t - H_initial) / scale over every probed tool result / at the branch points chosen, the share of "
+        "the tree's tool results its branches paid for, and the share of trees whose branch slots ran out. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
         f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy "
         f"({'seeds ' + ', '.join(map(str, bench.probe.seeds)) if bench.probe.seeds else 'every seed'}, pooled). "
@@ -357,6 +443,7 @@ def markdown_report(
         "",
         markdown_table(rows, last),
         "",
+        *(line for text in resolution(bench, runs, rows) for line in (text, "")),
         f"Held-out accuracy by task kind and pass@k (mean over seeds [{conf} t interval]):",
         "",
         kind_table(rows),

@@ -20,7 +20,9 @@ import asyncio
 import dataclasses
 import gc
 import json
+import os
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from agentenv.tasks.task import balanced_subset
 
 RUN_FILE = "bench_run.json"
 PROBE_FILE = "probe.json"
+WORKER_FILE = "bench_worker.json"  # where and in which process a run is training (written when it starts)
 
 
 def _log(msg: str) -> None:
@@ -119,14 +122,20 @@ def _load_run(spec: RunSpec, bench: BenchConfig) -> RunResult | None:
     )
 
 
-def train_run(spec: RunSpec, bench: BenchConfig) -> RunResult:
-    """Train one run from scratch (its directory is cleared first), evaluate, probe."""
+def train_run(spec: RunSpec, bench: BenchConfig, where: dict[str, Any] | None = None) -> RunResult:
+    """Train one run from scratch (its directory is cleared first), evaluate, probe.
+
+    `bench_worker.json` says where it trains (pid, host, and `where`: a Ray node) from its start.
+    """
     from agentenv.training import checkpoint as ckpt
     from agentenv.training.metrics import read_metrics
     from agentenv.training.trainer import Trainer
 
     if spec.output_dir.exists():
         shutil.rmtree(spec.output_dir)
+    spec.output_dir.mkdir(parents=True)
+    worker = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), **(where or {})}
+    (spec.output_dir / WORKER_FILE).write_text(json.dumps(worker))
     t0 = time.perf_counter()
     trainer = Trainer(spec.config)
     result = trainer.train()
@@ -321,6 +330,21 @@ def format_plan(bench: BenchConfig, plan: list[PlannedRun], finished: list[RunRe
     )
     basis = "; ".join(prior if h == "prior" else h for h in how) or "nothing to train"
     lines.append(f"estimated wall time: {total / 60:.1f} min (per run: {basis})")
+    walls = [r.wall_s for r in finished]
+    if todo and walls:  # the measured runs' spread: a shared machine's load moves a run's time more than its size
+        mean = sum(walls) / len(walls)
+        lo, hi = (total * w / mean for w in (min(walls), max(walls)))  # as if every run went as fast or as slow
+        lines.append(f"the finished runs took {min(walls) / 60:.1f}-{max(walls) / 60:.1f} min each: "
+                     f"{lo / 60:.1f}-{hi / 60:.1f} min at their fastest and slowest")  # fmt: skip
+    rc = bench.ray
+    if rc.address and todo:
+        if rc.max_parallel:
+            k = min(rc.max_parallel, len(todo))
+            lines.append(f"on Ray ({rc.address}), {k} runs at once: ~{total / k / 60:.1f} min if the cluster holds "
+                         f"{k} x ({rc.num_cpus:g} CPUs, {rc.num_gpus:g} GPUs) and the runs do not slow each other")  # fmt: skip
+        else:
+            lines.append(f"on Ray ({rc.address}): as many runs at once as its resources allow; the time above is the "
+                         "sequential sum, an upper bound")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -354,13 +378,15 @@ def execute(bench: BenchConfig) -> BenchResult:
         _log("probing the untrained model")
         base = base_probe(specs[0], bench)
     reused = {(r.variant, r.seed): r for r in finished}
+    todo = [p for p in plan if (p.spec.variant, p.spec.seed) not in reused]
+    on_ray = train_on_ray(bench, todo) if bench.ray.address and todo else {}
     runs: list[RunResult] = []
     for i, p in enumerate(plan, 1):
         spec = p.spec
         tag = f"({i}/{len(plan)}) {spec.variant} seed {spec.seed}"
-        done = reused.get((spec.variant, spec.seed))
+        done = reused.get((spec.variant, spec.seed)) or on_ray.get((spec.variant, spec.seed))
         if done is not None:
-            _log(f"{tag}: reusing {spec.output_dir}")
+            _log(f"{tag}: {'trained on ray' if (spec.variant, spec.seed) in on_ray else 'reusing'} {spec.output_dir}")
         else:
             _log(f"{tag}: {'training' if p.status == 'train' else 'training again (' + p.reason + ')'} "
                  f"into {spec.output_dir}")  # fmt: skip
@@ -371,6 +397,69 @@ def execute(bench: BenchConfig) -> BenchResult:
     _log(f"benchmark done in {(time.perf_counter() - t0) / 60:.1f} min")
     markdown, files = write_report(bench, runs, base)
     return BenchResult(bench, runs, base, markdown, files)
+
+
+def _train_remote(spec: RunSpec, bench: BenchConfig) -> RunResult:
+    """One run inside a Ray worker (the worker's own process: its engine and trainer die with it)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return train_run(spec, bench, {"ray_node": ctx.get_node_id(), "ray_task": ctx.get_task_id()})
+
+
+def train_on_ray(bench: BenchConfig, todo: list[PlannedRun]) -> dict[tuple[str, int], RunResult]:
+    """Train `todo` on the Ray cluster at `bench.ray.address`, as many at once as its resources allow.
+
+    Each run is a Ray task reserving `ray.num_cpus` and `ray.num_gpus`; one whose
+    worker dies (a killed process, a lost node) is retried by Ray from scratch
+    (`train_run` clears its folder) up to `ray.max_retries` times. A run that
+    raises stops the benchmark with its error, after the others in flight
+    finish (their folders stay complete, and are reused by the next call).
+
+    Returns:
+        (variant, seed) -> the run's result, for every run of `todo`.
+    """
+    import ray
+
+    rc = bench.ray
+    if not ray.is_initialized():
+        path = os.environ.get("PYTHONPATH")  # workers import this checkout of agentenv, as the driver does
+        ray.init(
+            address=None if rc.address == "local" else rc.address, namespace=rc.namespace, include_dashboard=False,
+            log_to_driver=os.environ.get("AGENTENV_RAY_LOGS") == "1", configure_logging=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}} if path else None,
+        )  # fmt: skip
+    task = ray.remote(_train_remote).options(
+        num_cpus=rc.num_cpus, num_gpus=rc.num_gpus, max_retries=rc.max_retries, retry_exceptions=False
+    )
+    queue = list(todo)
+    pending: dict[Any, PlannedRun] = {}
+    done: dict[tuple[str, int], RunResult] = {}
+    error: BaseException | None = None
+    _log(f"ray: {len(queue)} runs on {rc.address} ({rc.num_cpus:g} CPUs, {rc.num_gpus:g} GPUs each"
+         f"{', at most ' + str(rc.max_parallel) + ' at once' if rc.max_parallel else ''})")  # fmt: skip
+    while queue or pending:
+        while queue and error is None and (not rc.max_parallel or len(pending) < rc.max_parallel):
+            p = queue.pop(0)
+            pending[task.remote(p.spec, bench)] = p
+        if not pending:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            p = pending.pop(ref)
+            tag = f"{p.spec.variant} seed {p.spec.seed}"
+            try:
+                r = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - re-raised once the runs in flight are done
+                _log(f"ray: {tag} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                error = error or e
+                continue
+            done[(r.variant, r.seed)] = r
+            _log(f"ray: {tag} finished (held-out accuracy {r.eval.get('accuracy', float('nan')):.3f}, "
+                 f"wall {r.wall_s:.0f} s); {len(pending)} in flight, {len(queue)} queued")  # fmt: skip
+    if error is not None:
+        raise error
+    return done
 
 
 def run_benchmark(

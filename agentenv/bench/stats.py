@@ -123,6 +123,24 @@ def t_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, int(xs.size), confidence)
 
 
+def detectable_difference(sd: float, n: int, confidence: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true paired difference that `n` seeds detect with probability `power`.
+
+    A paired t test over n seeds whose differences spread with standard deviation
+    `sd`: (t_{(1+c)/2, n-1} + t_{power, n-1}) · sd / √n (the usual approximation:
+    the noncentral t replaced by a shifted central one). nan below 2 seeds.
+    """
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    one_sided = t_quantile(2 * power - 1, n - 1)  # P(T <= t) = power
+    return (t_quantile(confidence, n - 1) + one_sided) * sd / math.sqrt(n)
+
+
+def binomial_error(p: float, n: int) -> float:
+    """Standard error of a share p measured on n independent episodes: √(p(1-p)/n) (nan without any)."""
+    return math.sqrt(p * (1 - p) / n) if n > 0 and math.isfinite(p) else float("nan")
+
+
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """A share of successes among `n` independent trials with its Wilson score interval.
 

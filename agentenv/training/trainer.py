@@ -428,6 +428,7 @@ class Trainer:
 
         metrics = self.step_metrics(groups, batch, loss_metrics)
         metrics.update({f"train/{k}": float(v) for k, v in batch_metrics.items()})
+        metrics.update(self.algorithm.rollout_metrics(groups, self.reduce_sum))  # e.g. ARPO's trees
         metrics.update(resample_metrics)
         if self.rt.agent is not None:  # endpoint requests, prefix breaks and errors, summed over processes
             agent_m = self.rt.agent.metrics()

@@ -561,3 +561,73 @@ def test_a_branch_keeps_the_live_python_session_of_its_parent_and_diverges_after
             assert r[1:] == ["41", "41"]
     # the seed gives both kinds of path, so the divergence is shown
     assert 0 < incremented < 3
+
+
+# --------------------------------------------------------------------------- what ARPO did: the step's arpo/* metrics
+
+
+def _sum_reduce(t):
+    return t
+
+
+def test_tree_metrics_of_a_scripted_tree_whose_branches_are_known(tok):
+    """M=8, N=2, Z=1; ΔH = +1 after the first search (branch), -0.5 after the second (no branch).
+
+    Known tree: i0 and i1 fork once each after their first result (2 branches, 2 branch points); every
+    later probe (the initials' second results, the branches' own result) says no: 6 probes in all; the
+    4 unused slots go to fills. Tool results: initials 2 + 2, branches 1 + 1 of their own, fills 4 x 2.
+    """
+    from agentenv.algorithms.arpo.metrics import tree_metrics
+
+    def ent(node_text: str, pos: int) -> float:
+        return {0: 1.0, 1: 2.0}.get(node_text.count("</result>"), 0.5)
+
+    cfg = ARPOConfig(group_size=8, initial_rollouts=2, forks_per_branch=1, entropy_norm="none")
+    group = run(TreeSampler(cfg), TreePolicy(tok, two_searches, ent), env_factory(tok))
+    assert_tree(group, cfg)
+    m = ARPO(cfg).rollout_metrics([group], _sum_reduce)
+    assert m == pytest.approx({
+        "arpo/trees": 1.0,
+        "arpo/branches_per_tree": 2.0,
+        "arpo/branch_points_per_tree": 2.0,
+        "arpo/branch_points_per_traj": 2 / 8,
+        "arpo/fills_per_tree": 4.0,
+        "arpo/probes_per_tree": 6.0,
+        "arpo/delta_h_after_tool": (2 * 1.0 + 4 * -0.5) / 6,
+        "arpo/delta_h_at_branch": 1.0,
+        "arpo/branch_share_of_tools": 2 / 14,
+        "arpo/budget_out": 0.0,
+        "arpo/forks_refused": 0.0,
+    }, abs=1e-12)  # fmt: skip
+    # two trees of the same kind pool to the same means, and count 2 trees
+    assert tree_metrics([group, group], cfg.branch_budget)["arpo/trees"] == 2.0
+    assert tree_metrics([group, group], cfg.branch_budget)["arpo/delta_h_at_branch"] == pytest.approx(1.0)
+
+
+def test_tree_metrics_when_the_budget_runs_out(tok):
+    """Every probe branches with Z=2 until the M - N = 8 slots are gone: budget out, refused forks counted."""
+    cfg = ARPOConfig(group_size=16, initial_rollouts=8, forks_per_branch=2, entropy_norm="none")
+    group = run(TreeSampler(cfg), TreePolicy(tok, two_searches, entropy(first=1.0, after_tool=2.0)), env_factory(tok))
+    assert_tree(group, cfg)
+    m = ARPO(cfg).rollout_metrics([group], _sum_reduce)
+    decisions = group.info["decisions"]
+    wanted = 2 * len(decisions)
+    # a branch forked after result r of its parent pays for the 2 - r searches after it
+    branch_calls = sum(d["forks"] * (2 - d["tool_result"]) for d in decisions if d["path"].startswith("i"))
+    branch_calls += sum(d["forks"] * (1 - d["tool_result"]) for d in decisions if not d["path"].startswith("i"))
+    assert m["arpo/branches_per_tree"] == 8 and m["arpo/branch_points_per_tree"] == 4 and m["arpo/fills_per_tree"] == 0
+    assert m["arpo/budget_out"] == 1.0
+    assert m["arpo/forks_refused"] == pytest.approx((wanted - 8) / wanted)
+    assert m["arpo/delta_h_after_tool"] == pytest.approx(1.0) and m["arpo/delta_h_at_branch"] == pytest.approx(1.0)
+    assert m["arpo/branch_share_of_tools"] == pytest.approx(branch_calls / (8 * 2 + branch_calls))
+
+
+def test_a_tree_that_never_probes_logs_no_undefined_mean_and_grpo_logs_nothing(tok):
+    cfg = ARPOConfig(group_size=4, initial_rollouts=4)  # N = M: no slot, no probe
+    group = run(TreeSampler(cfg), TreePolicy(tok, two_searches, entropy(1.0, 2.0)), env_factory(tok))
+    m = ARPO(cfg).rollout_metrics([group], _sum_reduce)
+    assert "arpo/delta_h_after_tool" not in m and "arpo/delta_h_at_branch" not in m and "arpo/forks_refused" not in m
+    assert m["arpo/branches_per_tree"] == 0 and m["arpo/budget_out"] == 0 and m["arpo/branch_share_of_tools"] == 0
+    from agentenv.algorithms.grpo import GRPO
+
+    assert GRPO().rollout_metrics([group], _sum_reduce) == {}

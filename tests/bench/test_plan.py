@@ -21,6 +21,7 @@ from agentenv.bench.runner import (
 )
 from agentenv.bench.stats import PositionEntropy
 from agentenv.cli import app
+from agentenv.errors import ConfigError
 
 
 def _bench(tmp_path, **extra):
@@ -119,6 +120,8 @@ def test_plan_reuses_finished_redoes_killed_and_estimates_from_measured_runs(tmp
     assert "b                    seed 0    redo   (made by another config or probe, ~2.3 min)" in text
     assert "measured: 2 finished a run(s)" in text and "measured: 2 finished run(s) of other variants" in text
     assert f"estimated wall time: {(110 + 140 + 110 + 110) / 60:.1f} min" in text
+    # the finished runs took 100 and 120 s: the total scaled to the fastest and the slowest
+    assert "the finished runs took 1.7-2.0 min each: 7.1-8.5 min at their fastest and slowest" in text
 
     off = _bench(tmp_path, reuse=False)
     assert "(0 reused, 6 to train)" in show_plan(off)
@@ -133,3 +136,15 @@ def test_cli_plan_prints_and_runs_nothing(tmp_path):
     assert not (tmp_path / "out" / "runs").exists()
     bad = CliRunner().invoke(app, ["bench", str(path), "--plan", "seeds=[0]"])
     assert bad.exit_code == 2 and "smoke=true" in bad.output
+
+
+def test_plan_on_ray_divides_by_the_runs_at_once(tmp_path):
+    text = show_plan(_bench(tmp_path, ray={"address": "auto", "max_parallel": 3, "num_cpus": 2}))
+    run = PRIOR_START_S + 40 * PRIOR_TRAJ_S + 80 * PRIOR_EVAL_SAMPLE_S
+    total = 6 * run + 2 * (PRIOR_START_S + 8 * PRIOR_EVAL_SAMPLE_S)
+    assert f"on Ray (auto), 3 runs at once: ~{total / 3 / 60:.1f} min if the cluster holds 3 x (2 CPUs, 0 GPUs)" in text
+    text = show_plan(_bench(tmp_path, ray={"address": "auto"}))
+    assert "the time above is the sequential sum, an upper bound" in text
+    assert "on Ray" not in show_plan(_bench(tmp_path))
+    with pytest.raises(ConfigError, match="ray.max_parallel"):
+        _bench(tmp_path, ray={"address": "auto", "max_parallel": -1})

@@ -31,6 +31,10 @@ def _run(tmp_path, variant: str, seed: int, batches=None, eval_seed=None) -> Run
         records.append({"step": s, "rollout/reward": 0.1 * s + seed, "rollout/tool_calls_per_traj": 1.0 + s,
                         "rollout/tool_results_per_group": calls, "rollout/gen_tokens_per_group": 300.0,
                         "time/step_s": 10.0, "rollout/entropy": 0.5})  # fmt: skip
+        if variant == "b":  # an ARPO run logs what its trees did
+            records[-1].update({"arpo/branches_per_tree": 1.0 + s, "arpo/branch_points_per_traj": 0.25,
+                                "arpo/delta_h_after_tool": 0.1, "arpo/delta_h_at_branch": 0.3,
+                                "arpo/branch_share_of_tools": 0.25, "arpo/budget_out": 0.5})  # fmt: skip
     records.append({"step": 2, "eval/accuracy": acc})
     top = 2.0 if variant == "a" else 3.0  # apart, so neither line hides the other
     h = PositionEntropy([top - 0.02 * i for i in range(50)], [4] * 50)
@@ -69,12 +73,16 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
     assert "| a | grpo | 3 | 0.300 [0.052, 0.548] | — |" in md
     assert "| b | arpo | 3 | 0.350 [0.113, 0.587] | +0.050 [0.025, 0.075] * |" in md
     assert "4.0 ± 0.0 (0.50x)" in md  # the tree's tool calls per group against the first variant's 8
+    # what the trees did, beside the tool calls (the last step of 2: 1 + 2 branches per tree); GRPO has no tree
+    assert "(0.50x) | 3.0 br/tree, 0.25 bp/traj, ΔH +0.100 / +0.300, 25% of calls, out 50% |" in md
+    assert "8.0 ± 0.0 (1.00x) | — |" in md
     assert "| a | 0.300 [0.052, 0.548] | 0.150 [0.026, 0.274] | 0.300 [0.052, 0.548] | 0.400 [0.152, 0.648] |" in md
     assert "Paired: for each seed every variant trained on the same task batches (2 steps" in md
     rows = list(csv.DictReader(files["csv"].open()))
     assert float(rows[1]["diff_vs_first_ci_low"]) == pytest.approx(0.025159, abs=1e-5)
     assert rows[1]["diff_vs_first_excludes_0"] == "1"
     assert float(rows[0]["wall_s_mean"]) == pytest.approx(90.0)  # training 60 + probe 30
+    assert rows[0]["arpo_branches_per_tree_mean"] == "nan" and float(rows[1]["arpo_budget_out_mean"]) == 0.5
     from matplotlib.image import imread
 
     for name in ("heldout_accuracy", "reward_curves", "tool_calls", "entropy_after_tool"):
@@ -86,3 +94,47 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
         rgb = img[..., :3]
         for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):
             assert (abs(rgb - color).sum(-1) < 0.1).sum() > 50, (name, color)
+
+
+def _control_report(tmp_path, control_acc: list[float], variants: str) -> str:
+    """The report of `variants` (a, [b,] c) over seeds 0-2, c the control with these accuracies."""
+    ACC["c"] = control_acc
+    try:
+        runs = [_run(tmp_path, v, s) for v in variants for s in (0, 1, 2)]
+        bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "control": "c",
+                                        "variants": {v: {} for v in variants}})  # fmt: skip
+        return write_report(bench, runs, None)[0]
+    finally:
+        del ACC["c"]
+
+
+def test_resolution_control_outside_the_interval_and_the_detectable_difference(tmp_path):
+    """a = reference, b = +0.05 (sd of the differences 0.01), c = the control: -0.10, -0.12, -0.08 (resolved)."""
+    md = _control_report(tmp_path, [0.10, 0.18, 0.32], "abc")
+    # all nine accuracies: mean 0.2833; 4 tasks: sqrt(p(1-p)/4) = 0.2251
+    assert "binomial standard error of ±22.5 points (accuracy 0.28, 4 tasks" in md
+    # b - a = 0.05, 0.06, 0.04: sd 0.01; (t_.975,2 4.3027 + t_.8,2 1.0607) * 0.01 / sqrt 3 = 0.0310
+    assert "1.0 points; with 3 seeds the smallest difference from a this design detects" in md
+    assert "80% power) is 3.1 points." in md
+    assert "Positive control c: -0.100 [-0.150, -0.050] * against a, below 0 outside the 95% interval" in md
+
+
+def test_a_control_inside_the_interval_says_the_bench_resolves_nothing(tmp_path):
+    md = _control_report(tmp_path, [0.25, 0.20, 0.45], "ac")  # -> +0.05, -0.10, +0.05
+    assert "Positive control c: +0.000 [" in md and "THIS BENCH RESOLVES NOTHING" in md
+
+
+def test_a_control_whose_seeds_all_lose_by_the_same_amount_resolves_nothing(tmp_path):
+    """Every seed -0.05: a zero-width 'interval' below 0 is no interval (measured: 2 seeds of 30 tasks did this)."""
+    md = _control_report(tmp_path, [0.15, 0.25, 0.35], "ac")
+    assert "Positive control c: -0.050 [all 3 seeds equal] against a; its interval" in md
+    assert "THIS BENCH RESOLVES NOTHING" in md
+
+
+def test_control_must_be_a_later_variant():
+    from agentenv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="control.*'z' is not a variant"):
+        bench_config_from_dict({"control": "z", "variants": {"a": {}, "b": {}}})
+    with pytest.raises(ConfigError, match="control.*'a' is the first variant"):
+        bench_config_from_dict({"control": "a", "variants": {"a": {}, "b": {}}})

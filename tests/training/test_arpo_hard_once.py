@@ -29,3 +29,7 @@ def test_a_train_step_counts_each_shared_token_once(fast_overrides):
     assert 0.0 < dropped < 1.0  # some tokens were copies, most were not
     assert metrics["train/skipped_updates"] == 0.0
     assert math.isfinite(metrics["train/grad_norm"]) and metrics["train/grad_norm"] > 0
+    # what the trees did reaches the step's metrics (every probe branches here: α = 1, β = 0)
+    assert metrics["arpo/trees"] == cfg.trainer.tasks_per_step
+    assert 0 < metrics["arpo/branches_per_tree"] <= 3 and metrics["arpo/branch_points_per_tree"] > 0
+    assert math.isfinite(metrics["arpo/delta_h_at_branch"]) and 0 < metrics["arpo/branch_share_of_tools"] < 1

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from agentenv.algorithms.arpo.config import ARPOConfig
+from agentenv.algorithms.arpo.metrics import tree_metrics
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
 from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
@@ -91,6 +92,10 @@ class ARPO(Algorithm):
         if step is not None:
             metrics.update(step(batch, reduce, self.cfg))
         return metrics
+
+    def rollout_metrics(self, groups: Sequence[Group], reduce: Reduce) -> dict[str, float]:
+        """The trees' `arpo/*` metrics: branches, branch points, ΔH, the budget (`arpo.metrics`)."""
+        return tree_metrics(groups, self.cfg.branch_budget, reduce)
 
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None

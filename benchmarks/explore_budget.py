@@ -1,0 +1,90 @@
+"""ARPO's exploration claim at an equal tool-call budget, without training (`agentenv.bench.explore`).
+
+One fixed model; for each held-out task, the same tool-call budget B spent by
+GRPO's sampler (independent trajectories) and by ARPO's tree (its sampler and
+the thresholds of the run config's `algorithm` section), with the same seeds;
+the env counts and caps the calls. Paired by task, with 95% t intervals over
+tasks: pass@budget, distinct final answers, correct trajectories per tool
+call, tool calls and generated tokens spent, trajectories run.
+
+    python benchmarks/explore_budget.py configs/toy_arpo.yaml "env.tasks.kinds=[twohop, both]" env.tasks.n_heldout=150 \\
+        --tasks 300 --budgets 4 8 [--checkpoint DIR] [--out benchmarks/results/explore_tiny]
+
+Prints the markdown table and writes `outcomes.jsonl` (one line per task,
+sampler and budget) and `table.md` into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+ARPO_KEYS = ("alpha", "beta", "tau", "entropy_window", "forks_per_branch", "branch_rule", "fork_decision", "entropy_norm")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", help="a run config: model, policy, env (tasks, tools) and ARPO's thresholds")
+    ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the run config")
+    ap.add_argument("--checkpoint", default=None, help="a model directory instead of model.path")
+    ap.add_argument("--tasks", type=int, default=300, help="the first N held-out tasks")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--max-trajectories", type=int, default=16, help="cap per task and sampler (GRPO's G, ARPO's M)")
+    ap.add_argument("--width", type=int, default=2, help="episodes in flight per task (ARPO's N initial paths)")
+    ap.add_argument("--tasks-at-once", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="benchmarks/results/explore_budget")
+    args = ap.parse_args()
+
+    from agentenv.bench.explore import ExploreConfig, budgeted_env_factory, explore, markdown, paired_rows
+    from agentenv.configs import load_config
+    from agentenv.training.build import build_runtime
+
+    cfg = load_config(args.config, args.overrides)
+    algo = cfg.algorithm_config
+    arpo = {k: getattr(algo, k) for k in ARPO_KEYS if hasattr(algo, k)}
+    ex = ExploreConfig(tuple(args.budgets), args.max_trajectories, args.width, arpo, args.tasks_at_once, args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rt = build_runtime(cfg, args.checkpoint)
+    start_s = time.perf_counter() - t0
+    tasks = rt.tasks.heldout[: args.tasks]
+    if len(tasks) < args.tasks:
+        print(f"warning: only {len(tasks)} held-out tasks (asked for {args.tasks})", file=sys.stderr)
+    params = cfg.policy.sampling_params()
+
+    def progress(msg: str) -> None:
+        print(f"[explore {time.perf_counter() - t0:.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    t1 = time.perf_counter()
+    try:
+        outcomes = asyncio.run(
+            explore(ex, rt.policy, lambda b: budgeted_env_factory(cfg.env, rt.tools, rt.tokenizer, b), rt.tokenizer,
+                    tasks, params, progress)  # fmt: skip
+        )
+    finally:
+        asyncio.run(rt.aclose())
+    run_s = time.perf_counter() - t1
+    with (out / "outcomes.jsonl").open("w") as f:
+        for o in outcomes:
+            f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+    kinds = ", ".join(map(str, cfg.env.tasks.options.get("kinds", ["?"])))
+    head = (
+        f"model {args.checkpoint or cfg.model.path}; {len(tasks)} held-out tasks ({kinds}); "
+        f"budgets {args.budgets}; at most {ex.max_trajectories} trajectories, {ex.width} in flight per task; "
+        f"ARPO {arpo}; temperature {params.temperature}; engine start {start_s:.0f} s, sampling {run_s:.0f} s\n"
+        f"command: python benchmarks/explore_budget.py {' '.join(sys.argv[1:])}\n"
+    )
+    table = head + "\n" + markdown(paired_rows(outcomes), len(tasks)) + "\n"
+    (out / "table.md").write_text(table)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    main()
