@@ -269,6 +269,10 @@ class Trajectory:
         parent_uid: For tree samplers, the trajectory this one branched off.
         branch_token: Token index (into `token_ids`) where it branched off; the
             tokens before it are shared with the parent.
+        episode: The episode it belongs to, where one episode records several
+            trajectories (a user's agent through the endpoint); None: an episode
+            of its own. A group's statistics count episodes, not trajectories
+            (`agentenv.algorithms.core.episode_rewards`).
         info: Reward details and anything else worth logging.
     """
 
@@ -285,6 +289,7 @@ class Trajectory:
     uid: str = field(default_factory=_new_uid)
     parent_uid: str | None = None
     branch_token: int | None = None
+    episode: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

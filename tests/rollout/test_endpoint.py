@@ -127,7 +127,7 @@ async def test_an_unrelated_sub_call_is_a_second_trajectory_of_the_episode(tok, 
         await runner.aclose()
     main, sub = group.trajectories
     assert not main.failed and not sub.failed, (main.error, sub.error)
-    assert main.info["episode"] == sub.info["episode"] and main.uid != sub.uid
+    assert main.episode == sub.episode is not None and main.uid != sub.uid
     assert sub.parent_uid is None and sub.segments[0].source == "prompt"
     assert "Summarize" in tok.decode(sub.segments[0].token_ids)
     assert main.reward == sub.reward  # they share the episode's reward

@@ -356,7 +356,8 @@ class EpisodeRecord:
                 uid=t.uid,
                 parent_uid=t.parent_uid,
                 branch_token=t.branch_token,
-                info={"episode": self.uid, "requests": t.requests, "seed": self.seed,
+                episode=self.uid,
+                info={"requests": t.requests, "seed": self.seed,
                       "generated_tokens": sum(len(s) for s in t.segments if s.source == "policy")},
             ))  # fmt: skip
         return out
