@@ -3,7 +3,9 @@
 A request's messages are rendered with the run's chat template. Each assistant
 message that this episode's endpoint produced (recognized by the tool-call ids
 it issued, or by its content and calls) is rendered as the exact text the
-policy wrote, so the template reproduces the policy's own turn. Then:
+policy wrote, so the template reproduces the policy's own turn; one that keeps
+an issued id but not the content or calls answered is an edit, rendered as
+sent. Then:
 
 - the rendering extends the text of a trajectory recorded so far (its prompt,
   completions and the tokens between them): the request continues it. Only the
@@ -12,7 +14,7 @@ policy wrote, so the template reproduces the policy's own turn. Then:
   policy's tokens are never re-tokenized;
 - otherwise it starts a new trajectory of the same episode (a sub-agent, an
   unrelated call), whose prompt is the rendering tokenized. When such a request
-  carries an assistant message this episode produced, the agent rewrote the
+  carries an assistant message this episode produced (or an edit of one), the agent rewrote the
   conversation (dropped or edited a turn) or the template does not render
   earlier turns verbatim: the request is counted as a prefix break
   (`rollout/prefix_breaks`).
@@ -124,6 +126,17 @@ def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str | None, 
     return (content or None) if calls else content, calls
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token stands for (its longest vocabulary entry; at least 1).
+
+    A byte-level entry is as long as its bytes, a text is at least as long in
+    bytes as in characters, and added tokens are in the vocabulary: so a text of
+    c characters is at least c / this many tokens.
+    """
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return max((len(k) for k in vocab), default=64) or 1
+
+
 @dataclass
 class Thread:
     """One trajectory being recorded: its segments and the exact text they render to."""
@@ -171,31 +184,37 @@ class EpisodeRecord:
         params: Base sampling parameters (the run's); `max_tokens`, `stop` and `seed` are set per request.
         seed: Episode seed; request i samples with `derive_seed(seed, i)`.
         max_context_tokens: Most tokens of one trajectory (prompt and completion).
+        token_chars: `longest_token_chars` of the tokenizer (None: computed here).
     """
 
     def __init__(self, key: str, chat: ChatTemplate, policy: Policy, params: SamplingParams, seed: int,
-                 max_context_tokens: int):  # fmt: skip
+                 max_context_tokens: int, token_chars: int | None = None):  # fmt: skip
         self.key = key
         self.chat = chat
         self.policy = policy
         self.params = params
         self.seed = int(seed)
         self.max_context_tokens = max_context_tokens
+        self.token_chars = token_chars or longest_token_chars(chat.tokenizer)
+        self.max_prompt_chars = self.token_chars * max_context_tokens
         self.threads: list[Thread] = []
         self.prefix_breaks = 0
         self.requests = 0  # answered requests
         self.calls = 0  # generate calls started (the seed index)
+        self.admitted = 0  # requests taken in (checked against rollout.endpoint.max_requests_per_episode)
         self.closed = False
         self.uid = _new_uid()
         self.t_start = time.monotonic()
-        self._by_call_id: dict[str, tuple[str, str]] = {}  # tool-call id -> (raw text, tool name)
+        # tool-call id -> (raw text, tool name, the turn's (content, calls) as answered)
+        self._by_call_id: dict[str, tuple[str, str, tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self._by_content: dict[Any, str] = {}  # (content, calls) -> raw text
         eos = getattr(chat.tokenizer, "eos_token_id", None)
         self._eos_id: int | None = eos
 
     # ---- messages -----------------------------------------------------
     def canonical(self, messages: Any) -> tuple[list[dict[str, Any]], int]:
-        """The messages as the template renders them, and how many are assistant turns this episode produced.
+        """The messages as the template renders them, and how many carry an assistant turn this episode produced
+        (as it was produced, or edited: an edit keeps its tool-call ids but not its content or calls).
 
         Raises:
             RequestError: A malformed message (400).
@@ -222,9 +241,9 @@ class EpisodeRecord:
                         raise RequestError(400, f"{param}.tool_calls[{j}] needs function.name and function.arguments",
                                            "invalid_messages", param)  # fmt: skip
                     pairs.append((fn["name"], fn.get("arguments", "{}")))
-                raw = self._recognize(calls, content, pairs)
+                raw, issued = self._recognize(calls, content, pairs)
+                ours += issued
                 if raw is not None:
-                    ours += 1
                     out.append({"role": "assistant", "content": raw})
                     continue
                 msg: dict[str, Any] = {"role": "assistant", "content": content or ""}
@@ -247,12 +266,20 @@ class EpisodeRecord:
                 out.append({"role": "system" if role == "developer" else role, "content": content})
         return out, ours
 
-    def _recognize(self, calls: list[Any], content: str | None, pairs: list[tuple[str, Any]]) -> str | None:
+    def _recognize(self, calls: list[Any], content: str | None, pairs: list[tuple[str, Any]]) -> tuple[str | None, bool]:
+        """(the turn's raw text if it is one this episode produced, unchanged; whether it is one, edited or not).
+
+        A turn is recognized by a tool-call id the endpoint issued, or by its content and calls; by an id
+        only when its content and calls are still those answered: an edited turn is rendered as the agent
+        sent it (so it cannot continue the recorded ids) and the request is a prefix break.
+        """
+        key = _call_key(content, pairs)
         for c in calls:
             hit = self._by_call_id.get(str(c.get("id"))) if isinstance(c, Mapping) else None
             if hit is not None:
-                return hit[0]
-        return self._by_content.get(_call_key(content, pairs))
+                return (hit[0] if hit[2] == key else None), True
+        raw = self._by_content.get(key)
+        return raw, raw is not None
 
     # ---- placing and recording -------------------------------------------
     def prepare(self, messages: Any, tools: Any) -> Prepared:
@@ -275,8 +302,18 @@ class EpisodeRecord:
             names = tuple(t["function"]["name"] for t in tools)
             chat = dataclasses.replace(chat, tools=[dict(t) for t in tools] or None)
         rendered = chat.render(msgs, add_generation_prompt=True)
+        # the bound before tokenizing: a token is at most `longest_token_chars` characters of text, so a longer
+        # rendering cannot fit the context (tokenizing megabytes to find that out would cost seconds)
+        if len(rendered) > self.max_prompt_chars:
+            raise RequestError(
+                400,
+                f"this request renders to {len(rendered)} characters, at least {len(rendered) // self.token_chars + 1} "
+                f"tokens ({self.token_chars} characters per token at most); the context budget "
+                f"(env.max_context_tokens) is {self.max_context_tokens}",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
         best: Thread | None = None
-        for t in self.threads:
+        for t in list(self.threads):  # a copy: prepare may run in a worker thread while the loop records
             if rendered.startswith(t.text) and (best is None or len(t.text) > len(best.text)):
                 best = t
         if best is not None:
@@ -335,9 +372,10 @@ class EpisodeRecord:
         for c in calls:
             thread.tool_calls[c["function"]["name"]] += 1
         raw = self.chat.decode(raw_ids)
+        key = _call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
         for c in calls:
-            self._by_call_id[c["id"]] = (raw, c["function"]["name"])
-        self._by_content[_call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])] = raw
+            self._by_call_id[c["id"]] = (raw, c["function"]["name"], key)
+        self._by_content[key] = raw
         self.requests += 1
         return thread
 
