@@ -10,7 +10,8 @@ client's wall time minus the time its `policy.generate` call took inside the
 endpoint (HTTP, JSON, the openai client's parsing, rendering the messages,
 tokenizing, stitching and recording). The goal: under 5 ms at p50.
 
-    python benchmarks/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
+    python benchmarks/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny]
+        [--backend hf|vllm|scripted] [--client openai|httpx] [--profile]
 
 `--backend scripted` answers every request at once with a fixed text (the tiny
 model's tokenizer): the latency left is the endpoint's and the client's own.
@@ -20,8 +21,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import time
 from typing import Any
+
+OWNERS = [  # (path fragment, owner), first match wins
+    ("/agentenv/rollout/endpoint/", "agentenv endpoint (handler, recorder)"),
+    ("/agentenv/", "agentenv (other)"),
+    ("/openai/", "openai client"),
+    ("/pydantic", "openai client"),
+    ("/httpx", "httpx (client HTTP)"),
+    ("/httpcore", "httpx (client HTTP)"),
+    ("/anyio/", "httpx (client HTTP)"),
+    ("/h11/", "httpx (client HTTP)"),
+    ("/aiohttp/", "aiohttp (server HTTP)"),
+    ("/multidict/", "aiohttp (server HTTP)"),
+    ("/yarl/", "aiohttp (server HTTP)"),
+    ("/jinja2/", "chat template (jinja2)"),
+    ("/transformers/", "tokenizer (transformers)"),
+    ("/tokenizers/", "tokenizer (transformers)"),
+    ("/asyncio/", "asyncio event loop"),
+    ("/selectors.py", "asyncio event loop"),
+    ("/json/", "json"),
+    ("/typing.py", "openai client"),  # its request transform walks the typed dicts' hints
+    ("/numpy/", "agentenv (other)"),  # derive_seed's SeedSequence
+]
+
+
+def cpu_by_owner(prof: Any, n_requests: int) -> dict[str, float]:
+    """A profile's own time (tottime), summed by the code that ran it, in ms per request."""
+    import pstats
+
+    out: dict[str, float] = {}
+    for (path, _, _), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]  # pstats' table
+        owner = next((o for frag, o in OWNERS if frag in path), None)
+        if owner is None:
+            owner = "built-ins (C: sockets, str, dict...)" if path == "~" else "other Python"
+        out[owner] = out.get(owner, 0.0) + row[2] * 1000.0 / n_requests
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -89,7 +126,9 @@ async def main(args: argparse.Namespace) -> None:
             self.handler.append(time.perf_counter() - t0)
             return out
 
-    ep = await TimedEndpoint(chat, EndpointConfig(), max_context_tokens=1024).start()
+    # (an episode's cap, 64 requests, raised where --requests asks for more; main's EndpointConfig has no cap)
+    cap = {"max_requests_per_episode": args.requests} if args.requests > 64 else {}
+    ep = await TimedEndpoint(chat, EndpointConfig(**cap), max_context_tokens=1024).start()
     http = openai.DefaultAsyncHttpxClient()
 
     async def through_endpoint(agents: int) -> tuple[float, list[float], list[float], list[float]]:
@@ -144,13 +183,27 @@ async def main(args: argparse.Namespace) -> None:
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for agents in sorted({1, args.agents}):
         t_d, lat = await direct(agents)
+        prof = cProfile.Profile() if args.profile and agents == args.agents else None
+        if prof is not None:
+            prof.enable()
         t_e, wall, added, server = await through_endpoint(agents)
+        if prof is not None:
+            prof.disable()
+            owners = cpu_by_owner(prof, agents * args.requests)
         n = agents * args.requests
         print(f"| {agents} | policy.generate, direct | {n / t_d:.1f} | {pct(lat, .5) * ms:.1f} | {pct(lat, .95) * ms:.1f} "
               "| | | | |")  # fmt: skip
         print(f"| {agents} | endpoint + {args.client} client | {n / t_e:.1f} | {pct(wall, .5) * ms:.1f} | {pct(wall, .95) * ms:.1f} "
               f"| {pct(added, .5) * ms:.2f} | {pct(added, .95) * ms:.2f} | {pct(server, .5) * ms:.2f} "
               f"| {pct(server, .95) * ms:.2f} |")  # fmt: skip
+    if args.profile:
+        print(f"\nCPU per request through the endpoint at {args.agents} agents, by whose code ran it (cProfile, "
+              "which slows everything alike; ms):\n")
+        print("| code | ms per request | share |")
+        print("|---|---:|---:|")
+        total = sum(owners.values())
+        for name, ms in sorted(owners.items(), key=lambda kv: -kv[1]):
+            print(f"| {name} | {ms:.2f} | {ms / total:.0%} |")
     print("\nadded: per request, the client's wall time minus its policy.generate time inside the endpoint (HTTP, "
           "JSON, the openai client, rendering, tokenizing, recording, and waiting for the shared event loop); "
           "in-server: the handler's time minus generate's (quantiles of each).")
@@ -167,4 +220,6 @@ if __name__ == "__main__":
     ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "scripted"])
     ap.add_argument("--client", default="openai", choices=["openai", "httpx"],
                     help="httpx: bare HTTP requests instead of the openai client")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the endpoint phase at --agents and print its CPU per request by whose code ran it")
     asyncio.run(main(ap.parse_args()))

@@ -350,3 +350,21 @@ async def test_a_huge_request_is_rendered_off_the_loop_and_refused_before_tokeni
     assert e.value.body["code"] == "context_length_exceeded" and "characters" in e.value.body["message"]
     assert max(encoded) < 10_000  # the 300,000-character rendering was never tokenized
     assert big.requests == 0 and big.threads == []
+
+
+async def test_messages_the_template_refuses_are_the_requests_fault(tok):
+    """A template that raises (a model's template refuses roles out of order) answers 400, not a 500."""
+    strict = ChatTemplate(tok, "{% for m in messages %}{% if m.role == 'assistant' and loop.first %}"
+                               "{{ raise_exception('conversations start with a user turn') }}{% endif %}"
+                               "{{ m.content }}{% endfor %}", "strict")  # fmt: skip
+    ep = await started(strict)
+    rec = ep.open_episode(ScriptedPolicy(tok, ["x"]), PARAMS, seed=0)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(model="agentenv", messages=[{"role": "assistant", "content": "hi"}])
+    finally:
+        await client.close()
+        await ep.aclose()
+    assert e.value.body["code"] == "invalid_messages" and "start with a user turn" in e.value.body["message"]
+    assert ep.counts["error/invalid_messages"] == 1 and rec.threads == []

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agentenv.envs.chat import ChatTemplate
+from agentenv.errors import ConfigError
 from agentenv.policies.base import Policy
 from agentenv.types import Generation, SamplingParams, Segment, Trajectory, _new_uid
 
@@ -301,7 +302,10 @@ class EpisodeRecord:
                                    "invalid_tools", "tools")  # fmt: skip
             names = tuple(t["function"]["name"] for t in tools)
             chat = dataclasses.replace(chat, tools=[dict(t) for t in tools] or None)
-        rendered = chat.render(msgs, add_generation_prompt=True)
+        try:
+            rendered = chat.render(msgs, add_generation_prompt=True)
+        except ConfigError as e:  # the template refused these messages (roles out of order, ...): the request's fault
+            raise RequestError(400, f"the messages could not be rendered: {e}", "invalid_messages", "messages") from None
         # the bound before tokenizing: a token is at most `longest_token_chars` characters of text, so a longer
         # rendering cannot fit the context (tokenizing megabytes to find that out would cost seconds)
         if len(rendered) > self.max_prompt_chars:

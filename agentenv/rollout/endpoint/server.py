@@ -346,7 +346,8 @@ class Endpoint:
         params = rec.sampling(req.max_tokens, req.stop, len(prep.prompt_ids))
         t0 = time.perf_counter()
         try:
-            gen = await asyncio.wait_for(rec.policy.generate(prep.prompt_ids, params), self.generation_timeout_s)
+            async with asyncio.timeout(self.generation_timeout_s):  # (wait_for would start a task per request)
+                gen = await rec.policy.generate(prep.prompt_ids, params)
         except TimeoutError:
             raise RequestError(504, f"the policy did not answer within {self.generation_timeout_s:g} s "
                                     "(rollout.generation_timeout_s)", "timeout", type_="server_error") from None  # fmt: skip
