@@ -382,13 +382,15 @@ def test_every_independent_sampler_algorithm_takes_an_agents_groups(name):
     algo = cls(AlgorithmSection(name=name, params={"group_size": 2}).build())
     assert not getattr(cls, "grows_trees", False)
 
-    def traj(reward: float, n: int) -> Trajectory:
-        return Trajectory("t", [Segment("prompt", [1, 2]), Segment("policy", [3] * n, [0.0] * n, [0.0] * n)], reward=reward)
+    def traj(reward: float, n: int, episode: str) -> Trajectory:
+        return Trajectory("t", [Segment("prompt", [1, 2]), Segment("policy", [3] * n, [0.0] * n, [0.0] * n)],
+                          reward=reward, episode=episode)  # fmt: skip
 
-    group = Group(_task(), [traj(1.0, 3), traj(1.0, 2), traj(0.0, 4)])  # episode 1: main + sub-call; episode 2
+    group = Group(_task(), [traj(1.0, 3, "e1"), traj(1.0, 2, "e1"), traj(0.0, 4, "e2")])  # e1: main + sub-call
     advs = algo.advantages(group)
     assert [len(a) for a in advs] == [5, 4, 6]
     assert float(advs[0][-1]) > float(advs[2][-1])
+    assert float(advs[0][-1]) == float(advs[1][-1])  # an episode's trajectories share its advantage
 
 
 async def test_a_streaming_client_gets_the_completion_and_it_is_recorded(tok, chat):
