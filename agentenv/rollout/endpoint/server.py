@@ -197,7 +197,9 @@ class Endpoint:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/agentenv/episode", self._episode)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # a client that goes away (its agent gave up, its episode timed out) cancels its request: the slot it held
+        # or waited for is free, its generation stops, and the reply nobody reads is never recorded
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
