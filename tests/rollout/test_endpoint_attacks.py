@@ -368,3 +368,52 @@ async def test_messages_the_template_refuses_are_the_requests_fault(tok):
         await ep.aclose()
     assert e.value.body["code"] == "invalid_messages" and "start with a user turn" in e.value.body["message"]
     assert ep.counts["error/invalid_messages"] == 1 and rec.threads == []
+
+
+# ---------------------------------------------------------------- a client that leaves: its slot freed, nothing recorded
+class HangsFirst(ScriptedPolicy):
+    """Its first generate waits until cancelled (and says so); the others answer at once."""
+
+    def __init__(self, tok):
+        super().__init__(tok, ["ok"])
+        self.cancelled = asyncio.Event()
+        self.hung = asyncio.Event()
+
+    async def generate(self, prompt_ids, params):
+        if not self.hung.is_set():
+            self.hung.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        return await super().generate(prompt_ids, params)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, chat, stream):
+    """The agent gives up on a request (its client times out and closes the connection): the generation is
+    cancelled, its episode's only slot is free for the next request, and the reply nobody read is not recorded.
+    Before, the handler ran on: it held the slot until the policy answered, then recorded a turn the agent never
+    saw (and, streaming, counted an internal error writing to the closed connection)."""
+    ep = await started(chat, max_concurrent_per_episode=1)
+    policy = HangsFirst(tok)
+    rec = ep.open_episode(policy, PARAMS, seed=0)
+    impatient = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, timeout=30)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
+    try:
+        first = asyncio.ensure_future(impatient.chat.completions.create(model="agentenv", messages=ask("A", 0),
+                                                                        stream=stream))  # fmt: skip
+        await policy.hung.wait()
+        first.cancel()  # the agent gives up: its connection closes
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(policy.cancelled.wait(), 10)  # the generation nobody waits for is stopped
+        r = await asyncio.wait_for(client.chat.completions.create(model="agentenv", messages=ask("A", 1)), 10)
+    finally:
+        await impatient.close()
+        await client.close()
+        await ep.aclose()
+    assert r.choices[0].message.content == "ok"
+    assert rec.requests == 1 and len(rec.threads) == 1 and errors(ep) == 0
+
