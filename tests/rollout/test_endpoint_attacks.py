@@ -417,3 +417,18 @@ async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, 
     assert r.choices[0].message.content == "ok"
     assert rec.requests == 1 and len(rec.threads) == 1 and errors(ep) == 0
 
+
+def test_the_logged_reward_and_accuracy_count_episodes():
+    """Episode A (right, reward 1) made 5 requests, B (wrong, 0) one: the step's reward and accuracy are 0.5, not 5/6.
+    A trajectory with no episode (an env-driven one) is an episode of its own."""
+    from agentenv.training.trainer import episode_outcomes
+    from agentenv.types import Segment, Trajectory
+
+    def traj(ep: str | None, reward: float) -> Trajectory:
+        return Trajectory("t", [Segment("prompt", [1]), Segment("policy", [2], [0.0], [0.0])], reward=reward,
+                          episode=ep, info={"reward": {"correct": reward == 1.0}})  # fmt: skip
+
+    rewards, correct = episode_outcomes([traj("a", 1.0)] * 5 + [traj("b", 0.0)])
+    assert sum(rewards) / len(rewards) == 0.5 and sum(correct) / len(correct) == 0.5
+    rewards, correct = episode_outcomes([traj(None, 1.0), traj(None, 0.0), traj(None, 0.0)])
+    assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
