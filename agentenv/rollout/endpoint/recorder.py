@@ -347,27 +347,38 @@ class EpisodeRecord:
         self.calls += 1
         return dataclasses.replace(self.params, max_tokens=budget, stop=tuple(stop), seed=seed)
 
+    def place(self, prep: Prepared) -> Thread:
+        """The trajectory an answer to `prep` goes to (its uid is in the reply): the one the request continues,
+        unless another answer extended it meanwhile; else a new one, recorded by `record` only."""
+        parent = prep.thread
+        if parent is not None and parent.length == prep.base_len and not self.closed:
+            return parent
+        thread = Thread(text=prep.rendered)
+        if parent is not None:  # a second answer on the same prefix: a branch with the same exact ids
+            thread.parent_uid, thread.branch_token = parent.uid, prep.base_len
+        # a branch's history is its prompt here (its policy tokens are trained once, in the parent)
+        thread.segments.append(Segment("prompt", list(prep.prompt_ids)))
+        return thread
+
     def record(self, prep: Prepared, gen: Generation, calls: list[dict[str, Any]], content: str | None,
-               gen_time_s: float) -> Thread:  # fmt: skip
-        """Add an answered request to its trajectory (or a new one); remember the turn for recognition."""
-        thread = prep.thread
+               gen_time_s: float, thread: Thread | None = None) -> Thread:  # fmt: skip
+        """Add an answered request to its trajectory, `place`'s (given, it must have been placed with nothing
+        recorded since: no await between); remember the turn for recognition."""
+        thread = thread or self.place(prep)
+        if thread is prep.thread:
+            if thread.length != prep.base_len:
+                raise RuntimeError("the trajectory was extended after the answer was placed: place, then record, "
+                                   "with no await between")  # fmt: skip
+            if prep.delta_ids:
+                thread.segments.append(Segment("tool", list(prep.delta_ids)))
+            thread.text += prep.delta_text
+        else:
+            self.threads.append(thread)
         policy = Segment("policy", list(gen.token_ids), list(gen.logprobs), list(gen.entropies),
                          None if gen.versions is None else list(gen.versions))
         ids = list(gen.token_ids)
         raw_ids = ids[:-1] if ids and self._eos_id is not None and ids[-1] == self._eos_id else ids
         turn_text = self.chat.decode(ids)
-        if thread is not None and thread.length == prep.base_len and not self.closed:
-            if prep.delta_ids:
-                thread.segments.append(Segment("tool", list(prep.delta_ids)))
-            thread.text += prep.delta_text
-        else:
-            parent = thread
-            thread = Thread(text=prep.rendered)
-            if parent is not None:  # a second answer on the same prefix: a branch with the same exact ids
-                thread.parent_uid, thread.branch_token = parent.uid, prep.base_len
-            # a branch's history is its prompt here (its policy tokens are trained once, in the parent)
-            thread.segments.append(Segment("prompt", list(prep.prompt_ids)))
-            self.threads.append(thread)
         thread.segments.append(policy)
         thread.text += turn_text
         thread.requests += 1

@@ -377,12 +377,7 @@ class Endpoint:
             ]}  # fmt: skip
         n_prompt, n_out = len(prep.prompt_ids), len(gen.token_ids)
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
-        # the reply is whole: only now is it recorded (and nothing below can fail on the request's content)
-        thread = rec.record(prep, gen, calls, content, elapsed)
-        self.counts["requests"] += 1
-        if prep.prefix_break:
-            rec.prefix_breaks += 1
-            self.counts["prefix_breaks"] += 1
+        thread = rec.place(prep)  # the trajectory the answer goes to (nothing awaited from here to `record`)
         out = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",
@@ -392,30 +387,36 @@ class Endpoint:
             "usage": usage,
             "agentenv": {"trajectory": thread.uid, "episode": rec.uid},
         }
+        # the reply is serialized whole before it is recorded and before its headers go out: whatever fails here is
+        # an error the client gets (not a stream broken after its headers), and nothing is recorded
+        body = _events(out, req.include_usage) if req.stream else json.dumps(out).encode()
+        rec.record(prep, gen, calls, content, elapsed, thread)
+        self.counts["requests"] += 1
+        if prep.prefix_break:
+            rec.prefix_breaks += 1
+            self.counts["prefix_breaks"] += 1
         headers = {"x-agentenv-trajectory": thread.uid}
-        if req.stream:
-            return await self._stream(request, out, req.include_usage, headers)
-        return web.json_response(out, headers=headers)
-
-    async def _stream(self, request: web.Request, out: dict[str, Any], include_usage: bool,
-                      headers: dict[str, str]) -> web.StreamResponse:  # fmt: skip
-        """`stream: true`: the whole completion as one chunk, then its finish (and usage, if asked), then [DONE]."""
+        if not req.stream:
+            return web.Response(body=body, headers=headers, content_type="application/json", charset="utf-8")
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        choice = out["choices"][0]
-        delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
-        if "tool_calls" in choice["message"]:
-            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
-        head = {k: out[k] for k in ("id", "created", "model", "agentenv")} | {"object": "chat.completion.chunk"}
-        first: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "token_ids": choice["token_ids"]}
-        if "logprobs" in choice:
-            first["logprobs"] = choice["logprobs"]
-        chunks = [{**head, "choices": [first]},
-                  {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]  # fmt: skip
-        if include_usage:
-            chunks.append({**head, "choices": [], "usage": out["usage"]})
-        for c in chunks:
-            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(body)
         await resp.write_eof()
         return resp
+
+
+def _events(out: dict[str, Any], include_usage: bool) -> bytes:
+    """`stream: true`'s reply: the whole completion as one chunk, then its finish (and usage, if asked), then [DONE]."""
+    choice = out["choices"][0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
+    if "tool_calls" in choice["message"]:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
+    head = {k: out[k] for k in ("id", "created", "model", "agentenv")} | {"object": "chat.completion.chunk"}
+    first: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "token_ids": choice["token_ids"]}
+    if "logprobs" in choice:
+        first["logprobs"] = choice["logprobs"]
+    chunks = [{**head, "choices": [first]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]  # fmt: skip
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": out["usage"]})
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
