@@ -305,6 +305,35 @@ async def test_every_failure_is_an_openai_shaped_error_and_counted(tok, chat, ca
         assert "CUDA error" in err["message"]
 
 
+
+class NumpyIds(ScriptedPolicy):
+    """A policy plugin that hands back numpy integers (its reply cannot be written as JSON)."""
+
+    async def generate(self, prompt_ids, params):
+        import numpy as np
+
+        g = await super().generate(prompt_ids, params)
+        return Generation(list(np.array(g.token_ids)), g.logprobs, g.entropies, g.finish_reason)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_reply_that_cannot_be_written_is_an_error_before_any_header_and_not_recorded(tok, chat, stream):
+    """The reply is serialized whole before its headers go out and before it is recorded. Before, the turn was
+    recorded and then the reply failed: a 500 for a recorded turn, or, streaming, a second response written into
+    the event stream after its headers (the client read `illegal chunk header`)."""
+    ep = await started(chat)
+    rec = ep.open_episode(NumpyIds(tok, ["hello"]), PARAMS, seed=0)
+    try:
+        body = json.dumps(BODY | {"stream": stream}).encode()
+        r = await asyncio.to_thread(raw_post, ep, rec.key, body)
+    finally:
+        await ep.aclose()
+    assert r.status_code == 500 and r.headers["Content-Type"].startswith("application/json"), r.text[:300]
+    assert r.json()["error"]["code"] == "internal_error" and "int64" in r.json()["error"]["message"]
+    assert ep.counts["error/internal_error"] == 1 and ep.counts["requests"] == 0
+    assert rec.requests == 0 and rec.threads == []
+
+
 # ---------------------------------------------------------------- G6: large requests off the loop, bounded first
 async def test_a_huge_request_is_rendered_off_the_loop_and_refused_before_tokenizing(tok, chat, monkeypatch):
     """A 300 KB request's rendering is held until a small request of another episode has been answered: on the
