@@ -241,6 +241,9 @@ def episode_rewards(
     statistics is their mean (their shared reward; with per-trajectory shaping,
     DAPO's overlong penalty, the mean of the shaped ones). A trajectory whose
     episode is None is an episode of its own; a failed one has index None.
+    This is the weight in the group's statistics only: in the loss every token
+    of every trajectory counts (an episode's gradient is the sum over all the
+    actions it took; docs/guides/own-agent.md).
 
     Returns:
         (E,) rewards of the valid episodes, in first-seen order, and for each
