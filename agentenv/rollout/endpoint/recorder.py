@@ -31,6 +31,7 @@ import dataclasses
 import json
 import re
 import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -209,6 +210,7 @@ class EpisodeRecord:
         # tool-call id -> (raw text, tool name, the turn's (content, calls) as answered)
         self._by_call_id: dict[str, tuple[str, str, tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self._by_content: dict[Any, str] = {}  # (content, calls) -> raw text
+        self._lock = threading.Lock()  # held by `record` while it changes the trajectories, by `prepare` to read them
         eos = getattr(chat.tokenizer, "eos_token_id", None)
         self._eos_id: int | None = eos
 
@@ -317,14 +319,18 @@ class EpisodeRecord:
                 "context_length_exceeded", "messages",
             )  # fmt: skip
         best: Thread | None = None
-        for t in list(self.threads):  # a copy: prepare may run in a worker thread while the loop records
-            if rendered.startswith(t.text) and (best is None or len(t.text) > len(best.text)):
-                best = t
+        # prepare may run on a worker thread while the loop records: the trajectory is read once, as matched
+        with self._lock:
+            for t in self.threads:
+                if rendered.startswith(t.text) and (best is None or len(t.text) > len(best.text)):
+                    best = t
+            if best is not None:
+                base_text, base_ids, base_len = best.text, best.ids, best.length
         if best is not None:
-            delta_text = rendered[len(best.text) :]
+            delta_text = rendered[len(base_text) :]
             delta = chat.encode(delta_text)
-            prompt = best.ids + delta
-            prep = Prepared(prompt, best, best.length, delta, delta_text, rendered, False, names)
+            prompt = base_ids + delta
+            prep = Prepared(prompt, best, base_len, delta, delta_text, rendered, False, names)
         else:
             prompt = chat.encode(rendered)
             prep = Prepared(prompt, None, 0, prompt, rendered, rendered, ours > 0, names)
@@ -365,30 +371,29 @@ class EpisodeRecord:
         """Add an answered request to its trajectory, `place`'s (given, it must have been placed with nothing
         recorded since: no await between); remember the turn for recognition."""
         thread = thread or self.place(prep)
-        if thread is prep.thread:
-            if thread.length != prep.base_len:
-                raise RuntimeError("the trajectory was extended after the answer was placed: place, then record, "
-                                   "with no await between")  # fmt: skip
-            if prep.delta_ids:
-                thread.segments.append(Segment("tool", list(prep.delta_ids)))
-            thread.text += prep.delta_text
-        else:
-            self.threads.append(thread)
         policy = Segment("policy", list(gen.token_ids), list(gen.logprobs), list(gen.entropies),
                          None if gen.versions is None else list(gen.versions))
         ids = list(gen.token_ids)
         raw_ids = ids[:-1] if ids and self._eos_id is not None and ids[-1] == self._eos_id else ids
-        turn_text = self.chat.decode(ids)
-        thread.segments.append(policy)
-        thread.text += turn_text
+        turn_text, raw = self.chat.decode(ids), self.chat.decode(raw_ids)
+        key = _call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+        with self._lock:
+            if thread is prep.thread:
+                if thread.length != prep.base_len:
+                    raise RuntimeError("the trajectory was extended after the answer was placed: place, then record, "
+                                       "with no await between")  # fmt: skip
+                if prep.delta_ids:
+                    thread.segments.append(Segment("tool", list(prep.delta_ids)))
+                thread.text += prep.delta_text
+            else:
+                self.threads.append(thread)
+            thread.segments.append(policy)
+            thread.text += turn_text
         thread.requests += 1
         thread.gen_time_s += gen_time_s
         thread.finish_reason = gen.finish_reason
         for c in calls:
             thread.tool_calls[c["function"]["name"]] += 1
-        raw = self.chat.decode(raw_ids)
-        key = _call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
-        for c in calls:
             self._by_call_id[c["id"]] = (raw, c["function"]["name"], key)
         self._by_content[key] = raw
         self.requests += 1
