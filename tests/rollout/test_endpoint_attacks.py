@@ -381,6 +381,46 @@ async def test_a_huge_request_is_rendered_off_the_loop_and_refused_before_tokeni
     assert big.requests == 0 and big.threads == []
 
 
+async def test_a_large_request_tokenized_off_the_loop_sees_its_trajectory_as_it_matched_it(tok, chat, monkeypatch):
+    """X (large: prepared on a worker thread) and Y (small: on the loop) both continue the episode's first trajectory.
+    Y is answered and recorded while X's new tokens are being tokenized. X must be placed on the trajectory as X
+    matched it (it branches off: its prompt holds no word of Y's turn). Before, X read the trajectory again after
+    tokenizing: its prompt got Y's turn, and X's tokens were appended after Y's as if X had continued it."""
+    y_done, encoding = threading.Event(), threading.Event()
+    encode = ChatTemplate.encode
+
+    def held_encode(self, text):
+        if "zq " * 100 in text and threading.current_thread() is not threading.main_thread():
+            encoding.set()
+            assert y_done.wait(timeout=20)
+        return encode(self, text)
+
+    monkeypatch.setattr(ChatTemplate, "encode", held_encode)
+    ep = await started(chat, max_context_tokens=200_000)
+    rec = ep.open_episode(ScriptedPolicy(tok, lambda prompt: "noted"), PARAMS, seed=0)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
+    try:
+        history = [{"role": "user", "content": "[A] start"}]
+        first = await client.chat.completions.create(model="agentenv", messages=history)
+        history.append({"role": "assistant", "content": first.choices[0].message.content})
+        x = asyncio.ensure_future(client.chat.completions.create(
+            model="agentenv", messages=history + [{"role": "user", "content": "zq " * 15_000}]))  # fmt: skip
+        while not encoding.is_set():
+            await asyncio.sleep(0.01)
+        await client.chat.completions.create(model="agentenv", messages=history + [{"role": "user", "content": "ywhy"}])
+        y_done.set()
+        rx = await x
+    finally:
+        y_done.set()
+        await client.close()
+        await ep.aclose()
+    by_uid = {t.uid: t for t in rec.threads}
+    tx = by_uid[rx.model_extra["agentenv"]["trajectory"]]
+    assert "ywhy" not in tx.text and "ywhy" not in tok.decode(tx.ids)  # X's trajectory never saw Y's turn
+    assert len(rec.threads) == 2 and tx.parent_uid == rec.threads[0].uid  # X branched off the first trajectory
+    assert "zq " * 100 not in rec.threads[0].text
+
+
 async def test_messages_the_template_refuses_are_the_requests_fault(tok):
     """A template that raises (a model's template refuses roles out of order) answers 400, not a 500."""
     strict = ChatTemplate(tok, "{% for m in messages %}{% if m.role == 'assistant' and loop.first %}"
