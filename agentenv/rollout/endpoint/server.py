@@ -18,7 +18,9 @@ shape (`{"error": {"message", "type", "param", "code"}}`) and change nothing:
 
 Every error is counted (`counts["error/<code>"]`, `rollout/endpoint_errors`).
 The request is checked whole (`ChatRequest.of`, then its messages rendered)
-before anything is generated, and recorded only once its reply is built.
+before anything is generated, and recorded only once its reply is built
+(serialized whole, before its headers go out). A client that goes away
+cancels its request: its generation stops, its slot is free, nothing is recorded.
 At most `max_concurrent_per_episode` requests of one episode are rendered or
 generated at once (the others wait, first come first served), and a large
 body is parsed, rendered and tokenized on a worker thread, never on the loop.
