@@ -262,6 +262,33 @@ async def test_an_edited_turn_that_keeps_its_tool_call_id_is_a_prefix_break(tok,
     assert "Let me subtract." in prompt and '"b": -3' in prompt and "Let me add." not in prompt
 
 
+
+@pytest.mark.parametrize("arguments,edit", [('{"a": 2, "b": 4}', True), ('{"b":3,"a":2}', False)],
+                         ids=["arguments-edited", "arguments-reserialized"])  # fmt: skip
+async def test_an_edit_of_the_arguments_alone_is_a_prefix_break_and_a_reserialization_is_not(tok, chat, arguments, edit):
+    """Only the call's arguments change (content and id kept): an edit, rendered as sent. The same arguments
+    written again by a client's JSON encoder (other spacing and key order) are the policy's own turn: it continues."""
+    def turn(prompt):
+        return "The answer is 5." if "<tool_response>" in tok.decode(prompt) else "Let me add. " + CALL
+
+    ep = await started(chat)
+    rec = ep.open_episode(ScriptedPolicy(tok, turn), PARAMS, seed=0)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "2 + 3?"}]
+        r1 = await client.chat.completions.create(model="agentenv", messages=messages, tools=TOOLS)
+        msg = r1.choices[0].message.model_dump(exclude_none=True)
+        msg["tool_calls"][0]["function"]["arguments"] = arguments
+        await client.chat.completions.create(model="agentenv", tools=TOOLS, messages=messages + [
+            msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "6"}])  # fmt: skip
+    finally:
+        await client.close()
+        await ep.aclose()
+    assert rec.prefix_breaks == int(edit) and len(rec.threads) == 1 + int(edit)
+    if edit:
+        assert '"b": 4' in tok.decode(rec.threads[1].segments[0].token_ids)
+
+
 # ---------------------------------------------------------------- G9: every failure OpenAI-shaped, counted
 class Raising(ScriptedPolicy):
     async def generate(self, prompt_ids, params):
