@@ -269,6 +269,15 @@ def episode_rewards(
     return [s / c for s, c in zip(sums, counts)], index
 
 
+def episode_outcomes(trajs: Sequence[Trajectory]) -> tuple[list[float], list[float]]:
+    """Each episode's reward and correctness (1.0 or 0.0), once however many trajectories it recorded (their means;
+    `episode_rewards`, failed ones included): the logged and evaluated reward and accuracy count episodes, not requests."""
+    every, episodes = [True] * len(trajs), [t.episode for t in trajs]
+    rewards, _ = episode_rewards([t.reward for t in trajs], every, episodes)
+    correct, _ = episode_rewards([float(t.correct) for t in trajs], every, episodes)
+    return rewards, correct
+
+
 def valid_advantages(
     rewards: Sequence[float],
     valid: Sequence[bool],

@@ -27,7 +27,7 @@ import torch
 from agentenv._loops import LoopThread, gather_settled
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
-from agentenv.algorithms.core import episode_rewards, kl_k3
+from agentenv.algorithms.core import episode_outcomes, kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
@@ -47,7 +47,7 @@ from agentenv.training.metrics import MetricsLogger
 from agentenv.training.packing import packing_enabled
 from agentenv.training.schedule import lr_factor
 from agentenv.training.scoring import sequence_logprobs
-from agentenv.types import Group, Trajectory
+from agentenv.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ class TrainResult:
     output_dir: Path
     final_eval: EvalReport | None
     initial_eval: EvalReport | None
-
-
-def episode_outcomes(trajs: list[Trajectory]) -> tuple[list[float], list[float]]:
-    """Each episode's reward and correctness (1.0 or 0.0), once however many trajectories it recorded (their means;
-    `episode_rewards`, failed ones included): the logged reward and accuracy count episodes, not requests."""
-    every, episodes = [True] * len(trajs), [t.episode for t in trajs]
-    rewards, _ = episode_rewards([t.reward for t in trajs], every, episodes)
-    correct, _ = episode_rewards([float(t.correct) for t in trajs], every, episodes)
-    return rewards, correct
 
 
 class Trainer:
