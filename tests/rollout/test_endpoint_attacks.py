@@ -517,7 +517,7 @@ async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, 
 def test_the_logged_reward_and_accuracy_count_episodes():
     """Episode A (right, reward 1) made 5 requests, B (wrong, 0) one: the step's reward and accuracy are 0.5, not 5/6.
     A trajectory with no episode (an env-driven one) is an episode of its own."""
-    from agentenv.training.trainer import episode_outcomes
+    from agentenv.algorithms.core import episode_outcomes
     from agentenv.types import Segment, Trajectory
 
     def traj(ep: str | None, reward: float) -> Trajectory:
@@ -528,3 +528,18 @@ def test_the_logged_reward_and_accuracy_count_episodes():
     assert sum(rewards) / len(rewards) == 0.5 and sum(correct) / len(correct) == 0.5
     rewards, correct = episode_outcomes([traj(None, 1.0), traj(None, 0.0), traj(None, 0.0)])
     assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
+
+
+def test_evaluation_counts_episodes():
+    """An evaluated group of two episodes, A right with 3 trajectories (sub-calls), B wrong with 1: accuracy and
+    pass@1 are 1/2 and pass@2 is 1 (two samples, one right), not 3/4 over four 'samples'."""
+    from agentenv.training.evaluate import summarize
+    from agentenv.types import Group, Segment, Trajectory
+
+    def traj(ep: str, right: bool) -> Trajectory:
+        return Trajectory("t", [Segment("prompt", [1]), Segment("policy", [2], [0.0], [0.0])], reward=float(right),
+                          episode=ep, info={"reward": {"correct": right}})  # fmt: skip
+
+    report = summarize([Group(_task(), [traj("a", True)] * 3 + [traj("b", False)])])
+    assert report.accuracy == 0.5 and report.reward == 0.5 and report.n_samples == 2
+    assert report.pass_at == {1: 0.5, 2: 1.0}
