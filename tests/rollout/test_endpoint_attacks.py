@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 import threading
+from typing import Any
 
 import httpx
 import openai
@@ -228,19 +229,27 @@ async def test_a_malformed_parameter_is_refused_before_anything_is_generated_or_
     assert policy.calls == 0 and rec.requests == 0 and rec.threads == [] and errors(ep) == 1
 
 
+def adder(tok) -> ScriptedPolicy:
+    """Calls `add` first; after a tool result, answers."""
+    return ScriptedPolicy(tok, lambda prompt: "The answer is 5." if "<tool_response>" in tok.decode(prompt)
+                          else "Let me add. " + CALL)  # fmt: skip
+
+
+async def asked_to_add(client: openai.AsyncOpenAI) -> tuple[list[dict[str, str]], Any, dict[str, Any]]:
+    """The first request of an `adder` episode: its messages, the reply (a call of `add`) and its message."""
+    messages = [{"role": "user", "content": "2 + 3?"}]
+    reply = await client.chat.completions.create(model="agentenv", messages=messages, tools=TOOLS)
+    return messages, reply, reply.choices[0].message.model_dump(exclude_none=True)
+
+
 async def test_an_edited_turn_that_keeps_its_tool_call_id_is_a_prefix_break(tok, chat):
     """The agent rewrites its own tool call (subtract for add) and keeps the id: the edit is what the next turn
     sees, a new trajectory, counted as a prefix break; the recorded trajectory keeps what the policy wrote."""
-    def turn(prompt):
-        return "The answer is 5." if "<tool_response>" in tok.decode(prompt) else "Let me add. " + CALL
-
     ep = await started(chat)
-    rec = ep.open_episode(ScriptedPolicy(tok, turn), PARAMS, seed=0)
+    rec = ep.open_episode(adder(tok), PARAMS, seed=0)
     client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
     try:
-        messages = [{"role": "user", "content": "2 + 3?"}]
-        r1 = await client.chat.completions.create(model="agentenv", messages=messages, tools=TOOLS)
-        msg = r1.choices[0].message.model_dump(exclude_none=True)
+        messages, r1, msg = await asked_to_add(client)
         call_id = msg["tool_calls"][0]["id"]
         msg["content"] = "Let me subtract."
         msg["tool_calls"][0]["function"]["arguments"] = '{"a": 2, "b": -3}'
@@ -262,22 +271,16 @@ async def test_an_edited_turn_that_keeps_its_tool_call_id_is_a_prefix_break(tok,
     assert "Let me subtract." in prompt and '"b": -3' in prompt and "Let me add." not in prompt
 
 
-
 @pytest.mark.parametrize("arguments,edit", [('{"a": 2, "b": 4}', True), ('{"b":3,"a":2}', False)],
                          ids=["arguments-edited", "arguments-reserialized"])  # fmt: skip
 async def test_an_edit_of_the_arguments_alone_is_a_prefix_break_and_a_reserialization_is_not(tok, chat, arguments, edit):
     """Only the call's arguments change (content and id kept): an edit, rendered as sent. The same arguments
     written again by a client's JSON encoder (other spacing and key order) are the policy's own turn: it continues."""
-    def turn(prompt):
-        return "The answer is 5." if "<tool_response>" in tok.decode(prompt) else "Let me add. " + CALL
-
     ep = await started(chat)
-    rec = ep.open_episode(ScriptedPolicy(tok, turn), PARAMS, seed=0)
+    rec = ep.open_episode(adder(tok), PARAMS, seed=0)
     client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
     try:
-        messages = [{"role": "user", "content": "2 + 3?"}]
-        r1 = await client.chat.completions.create(model="agentenv", messages=messages, tools=TOOLS)
-        msg = r1.choices[0].message.model_dump(exclude_none=True)
+        messages, r1, msg = await asked_to_add(client)
         msg["tool_calls"][0]["function"]["arguments"] = arguments
         await client.chat.completions.create(model="agentenv", tools=TOOLS, messages=messages + [
             msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "6"}])  # fmt: skip
