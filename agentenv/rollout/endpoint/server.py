@@ -66,8 +66,13 @@ OFFLOAD_BYTES = 32 * 1024
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+# refusals no retry can change: clients that honour `x-should-retry` (openai's, which retries 409 and 429) do not retry
+_FINAL = frozenset({"episode_ended", "episode_request_limit"})
+
+
 def _error(e: RequestError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    headers = {"x-should-retry": "false"} if e.code in _FINAL else None
+    return web.json_response(e.body(), status=e.status, headers=headers)
 
 
 def parse_body(raw: bytes) -> Any:
