@@ -204,6 +204,26 @@ async def test_requests_past_the_episode_cap_are_refused_counted_and_the_episode
     assert b.requests == 1
 
 
+
+async def test_a_refusal_no_retry_can_change_is_not_retried_by_the_openai_client(tok, chat):
+    """The plain `openai` client retries 409 and 429 twice by default (with backoff): past the cap, or after its
+    episode ended, the agent waited for two more refusals and each was counted. `x-should-retry: false` stops it."""
+    ep = await started(chat, max_requests_per_episode=1)
+    rec = ep.open_episode(ScriptedPolicy(tok, ["x"]), PARAMS, seed=0)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key)  # the client's default retries
+    try:
+        await client.chat.completions.create(model="agentenv", messages=ask("A"))
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model="agentenv", messages=ask("A", 1))
+        ep.close_episode(rec.key)
+        with pytest.raises(openai.ConflictError):
+            await client.chat.completions.create(model="agentenv", messages=ask("A", 2))
+    finally:
+        await client.close()
+        await ep.aclose()
+    assert ep.counts["error/episode_request_limit"] == 1 and ep.counts["error/episode_ended"] == 1
+
+
 # ---------------------------------------------------------------- G5: nothing recorded unless the reply was produced
 @pytest.mark.parametrize("extra,param", [
     ({"stream": True, "stream_options": "yes"}, "stream_options"),
