@@ -273,6 +273,10 @@ class Trajectory:
             per policy segment (`AgentEnv`: a hash of the context so far,
             `agentenv.envs.state`); equal keys, equal states (GiGPO's anchor
             states). Empty when the env gives none.
+        episode: The episode it belongs to, where one episode records several
+            trajectories (a user's agent through the endpoint); None: an episode
+            of its own. A group's statistics count episodes, not trajectories
+            (`agentenv.algorithms.core.episode_rewards`).
         info: Reward details and anything else worth logging.
     """
 
@@ -290,6 +294,7 @@ class Trajectory:
     parent_uid: str | None = None
     branch_token: int | None = None
     state_keys: list[str] = field(default_factory=list)
+    episode: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -4,13 +4,16 @@
 each send `--requests` chat completions in turn to the endpoint over the tiny
 model (hf backend, or vllm); the same prompts, with the same per-request seeds (so the
 same tokens are sampled), are then sent to `policy.generate` directly by 32
-concurrent callers. Reported: requests/s and request latency p50/p95 of both,
+concurrent callers, the two alternated `--rounds` times (a loaded machine slows
+both alike). Reported: requests/s (median of the rounds) and their ratio (median
+of the rounds' ratios), request latency p50/p95 of both,
 and the latency the endpoint adds per request, measured per request as the
 client's wall time minus the time its `policy.generate` call took inside the
 endpoint (HTTP, JSON, the openai client's parsing, rendering the messages,
 tokenizing, stitching and recording). The goal: under 5 ms at p50.
 
-    python benchmarks/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny] [--backend hf|vllm|scripted] [--client openai|httpx]
+    python benchmarks/endpoint.py [--agents 32] [--requests 8] [--max-tokens 16] [--model tiny]
+        [--backend hf|vllm|scripted] [--client openai|httpx] [--rounds 3] [--profile]
 
 `--backend scripted` answers every request at once with a fixed text (the tiny
 model's tokenizer): the latency left is the endpoint's and the client's own.
@@ -20,8 +23,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import statistics
 import time
 from typing import Any
+
+OWNERS = [  # (path fragment, owner), first match wins
+    ("/agentenv/rollout/endpoint/", "agentenv endpoint (handler, recorder)"),
+    ("/agentenv/", "agentenv (other)"),
+    ("/openai/", "openai client"),
+    ("/pydantic", "openai client"),
+    ("/httpx", "httpx (client HTTP)"),
+    ("/httpcore", "httpx (client HTTP)"),
+    ("/anyio/", "httpx (client HTTP)"),
+    ("/h11/", "httpx (client HTTP)"),
+    ("/aiohttp/", "aiohttp (server HTTP)"),
+    ("/multidict/", "aiohttp (server HTTP)"),
+    ("/yarl/", "aiohttp (server HTTP)"),
+    ("/jinja2/", "chat template (jinja2)"),
+    ("/transformers/", "tokenizer (transformers)"),
+    ("/tokenizers/", "tokenizer (transformers)"),
+    ("/asyncio/", "asyncio event loop"),
+    ("/selectors.py", "asyncio event loop"),
+    ("/json/", "json"),
+    ("/typing.py", "openai client"),  # its request transform walks the typed dicts' hints
+    ("/numpy/", "agentenv (other)"),  # derive_seed's SeedSequence
+]
+
+
+def cpu_by_owner(prof: Any, n_requests: int) -> dict[str, float]:
+    """A profile's own time (tottime), summed by the code that ran it, in ms per request."""
+    import pstats
+
+    out: dict[str, float] = {}
+    for (path, _, _), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]  # pstats' table
+        owner = next((o for frag, o in OWNERS if frag in path), None)
+        if owner is None:
+            owner = "built-ins (C: sockets, str, dict...)" if path == "~" else "other Python"
+        out[owner] = out.get(owner, 0.0) + row[2] * 1000.0 / n_requests
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -89,7 +129,9 @@ async def main(args: argparse.Namespace) -> None:
             self.handler.append(time.perf_counter() - t0)
             return out
 
-    ep = await TimedEndpoint(chat, EndpointConfig(), max_context_tokens=1024).start()
+    # (an episode's cap, 64 requests, raised where --requests asks for more; main's EndpointConfig has no cap)
+    cap = {"max_requests_per_episode": args.requests} if args.requests > 64 else {}
+    ep = await TimedEndpoint(chat, EndpointConfig(**cap), max_context_tokens=1024).start()
     http = openai.DefaultAsyncHttpxClient()
 
     async def through_endpoint(agents: int) -> tuple[float, list[float], list[float], list[float]]:
@@ -140,17 +182,47 @@ async def main(args: argparse.Namespace) -> None:
     ms = 1000.0
     print(f"{args.model} model, {args.backend} backend (CPU), {args.requests} requests per agent, max_tokens {args.max_tokens}, "
           "temperature 1.0; latency in ms\n")  # fmt: skip
-    print("| agents | path | requests/s | latency p50 | latency p95 | added p50 | added p95 | in-server p50 | in-server p95 |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| agents | path | requests/s | latency p50 | latency p95 | added p50 | added p95 | in-server p50 "
+          "| in-server p95 | endpoint / direct |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    owners: dict[str, float] = {}
     for agents in sorted({1, args.agents}):
-        t_d, lat = await direct(agents)
-        t_e, wall, added, server = await through_endpoint(agents)
         n = agents * args.requests
-        print(f"| {agents} | policy.generate, direct | {n / t_d:.1f} | {pct(lat, .5) * ms:.1f} | {pct(lat, .95) * ms:.1f} "
-              "| | | | |")  # fmt: skip
-        print(f"| {agents} | endpoint + {args.client} client | {n / t_e:.1f} | {pct(wall, .5) * ms:.1f} | {pct(wall, .95) * ms:.1f} "
-              f"| {pct(added, .5) * ms:.2f} | {pct(added, .95) * ms:.2f} | {pct(server, .5) * ms:.2f} "
-              f"| {pct(server, .95) * ms:.2f} |")  # fmt: skip
+        rate_d: list[float] = []
+        rate_e: list[float] = []
+        lat: list[float] = []
+        wall: list[float] = []
+        added: list[float] = []
+        server: list[float] = []
+        for r in range(args.rounds):  # direct and endpoint alternate: a loaded machine slows both alike
+            t_d, lat_r = await direct(agents)
+            prof = cProfile.Profile() if args.profile and agents == args.agents and r == 0 else None
+            if prof is not None:
+                prof.enable()
+            t_e, wall_r, added_r, server_r = await through_endpoint(agents)
+            if prof is not None:
+                prof.disable()
+                owners = cpu_by_owner(prof, n)
+            rate_d.append(n / t_d)
+            rate_e.append(n / t_e)
+            lat += lat_r
+            wall += wall_r
+            added += added_r
+            server += server_r
+        ratio = statistics.median(e / d for e, d in zip(rate_e, rate_d))
+        print(f"| {agents} | policy.generate, direct | {statistics.median(rate_d):.1f} | {pct(lat, .5) * ms:.1f} "
+              f"| {pct(lat, .95) * ms:.1f} | | | | | |")  # fmt: skip
+        print(f"| {agents} | endpoint + {args.client} client | {statistics.median(rate_e):.1f} | {pct(wall, .5) * ms:.1f} "
+              f"| {pct(wall, .95) * ms:.1f} | {pct(added, .5) * ms:.2f} | {pct(added, .95) * ms:.2f} "
+              f"| {pct(server, .5) * ms:.2f} | {pct(server, .95) * ms:.2f} | {ratio:.0%} |")  # fmt: skip
+    if args.profile:
+        print(f"\nCPU per request through the endpoint at {args.agents} agents, by whose code ran it (cProfile, "
+              "which slows everything alike; ms):\n")
+        print("| code | ms per request | share |")
+        print("|---|---:|---:|")
+        total = sum(owners.values())
+        for name, cost in sorted(owners.items(), key=lambda kv: -kv[1]):
+            print(f"| {name} | {cost:.2f} | {cost / total:.0%} |")
     print("\nadded: per request, the client's wall time minus its policy.generate time inside the endpoint (HTTP, "
           "JSON, the openai client, rendering, tokenizing, recording, and waiting for the shared event loop); "
           "in-server: the handler's time minus generate's (quantiles of each).")
@@ -167,4 +239,8 @@ if __name__ == "__main__":
     ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "scripted"])
     ap.add_argument("--client", default="openai", choices=["openai", "httpx"],
                     help="httpx: bare HTTP requests instead of the openai client")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="direct and endpoint runs alternated this many times; requests/s and their ratio: medians")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the endpoint phase at --agents and print its CPU per request by whose code ran it")
     asyncio.run(main(ap.parse_args()))

@@ -230,23 +230,73 @@ def broadcast(traj: Trajectory, value: float) -> torch.Tensor:
     return torch.full((len(traj),), float(value), dtype=torch.float32)
 
 
-def valid_advantages(rewards: Sequence[float], valid: Sequence[bool], scalars: Callable[[torch.Tensor], torch.Tensor]) -> list[float]:
-    """One advantage per trajectory from `scalars` over the valid ones; invalid (failed) ones get 0
-    and do not move the group's statistics."""
-    ok = [i for i, v in enumerate(valid) if v]
-    out = [0.0] * len(rewards)
-    if not ok:
-        return out
-    adv = scalars(torch.tensor([float(rewards[i]) for i in ok], dtype=torch.float64))  # (G_valid,)
-    for i, a in zip(ok, adv.tolist()):
-        out[i] = a
-    return out
+def episode_rewards(
+    rewards: Sequence[float], valid: Sequence[bool], episodes: Sequence[str | None] | None = None
+) -> tuple[list[float], list[int | None]]:
+    """A group's rewards by episode: each valid episode's reward once, and each trajectory's episode index.
+
+    An episode counts once in its group however many trajectories it recorded
+    (a user's agent may make any number of requests): its weight 1 is split
+    evenly over its k valid trajectories, so its reward in the group's
+    statistics is their mean (their shared reward; with per-trajectory shaping,
+    DAPO's overlong penalty, the mean of the shaped ones). A trajectory whose
+    episode is None is an episode of its own; a failed one has index None.
+    This is the weight in the group's statistics only: in the loss every token
+    of every trajectory counts (an episode's gradient is the sum over all the
+    actions it took; docs/guides/own-agent.md).
+
+    Returns:
+        (E,) rewards of the valid episodes, in first-seen order, and for each
+        trajectory the index of its episode among them (None if failed).
+    """
+    slot: dict[object, int] = {}
+    sums: list[float] = []
+    counts: list[int] = []
+    index: list[int | None] = []
+    for i, (r, ok) in enumerate(zip(rewards, valid)):
+        if not ok:
+            index.append(None)
+            continue
+        ep = episodes[i] if episodes is not None else None
+        key: object = i if ep is None else ep
+        j = slot.setdefault(key, len(sums))
+        if j == len(sums):
+            sums.append(0.0)
+            counts.append(0)
+        sums[j] += float(r)
+        counts[j] += 1
+        index.append(j)
+    return [s / c for s, c in zip(sums, counts)], index
+
+
+def episode_outcomes(trajs: Sequence[Trajectory]) -> tuple[list[float], list[float]]:
+    """Each episode's reward and correctness (1.0 or 0.0), once however many trajectories it recorded (their means;
+    `episode_rewards`, failed ones included): the logged and evaluated reward and accuracy count episodes, not requests."""
+    every, episodes = [True] * len(trajs), [t.episode for t in trajs]
+    rewards, _ = episode_rewards([t.reward for t in trajs], every, episodes)
+    correct, _ = episode_rewards([float(t.correct) for t in trajs], every, episodes)
+    return rewards, correct
+
+
+def valid_advantages(
+    rewards: Sequence[float],
+    valid: Sequence[bool],
+    scalars: Callable[[torch.Tensor], torch.Tensor],
+    episodes: Sequence[str | None] | None = None,
+) -> list[float]:
+    """One advantage per trajectory from `scalars` over the valid episodes (`episode_rewards`): each trajectory
+    gets its episode's; invalid (failed) ones get 0 and do not move the group's statistics."""
+    per_episode, index = episode_rewards(rewards, valid, episodes)
+    if not per_episode:
+        return [0.0] * len(rewards)
+    adv = scalars(torch.tensor(per_episode, dtype=torch.float64)).tolist()  # (E,)
+    return [0.0 if j is None else adv[j] for j in index]
 
 
 def group_scalars(group: Group, scalars: Callable[[torch.Tensor], torch.Tensor]) -> list[float]:
-    """`valid_advantages` over a group's rewards, failed trajectories left out."""
+    """`valid_advantages` over a group's rewards by episode, failed trajectories left out."""
     trajs = group.trajectories
-    return valid_advantages([t.reward for t in trajs], [not t.failed for t in trajs], scalars)
+    return valid_advantages([t.reward for t in trajs], [not t.failed for t in trajs], scalars, [t.episode for t in trajs])
 
 
 # ---------------------------------------------------------------- the loss

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from agentenv._loops import gather_settled
+from agentenv.algorithms.core import episode_outcomes
 from agentenv.envs.episode import MakeEnv
 from agentenv.policies.base import Policy
 from agentenv.rollout.config import RolloutConfig
@@ -32,7 +33,7 @@ class EvalReport:
         tokens: Mean generated (policy) tokens per sample.
         failed: Samples whose rollout failed on infrastructure.
         by_kind: accuracy per `task.metadata["kind"]` (or ability).
-        n_tasks, n_samples: Sizes.
+        n_tasks, n_samples: Sizes (a sample is an episode, however many trajectories it recorded).
         tools: Per tool: calls, failed calls by `ToolResult.kind`, and the share that
             failed (`agentenv.rollout.toolstats`).
         groups: The groups themselves (not in the JSON), for the run's rollout record.
@@ -78,8 +79,10 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
     """Aggregate groups of samples (one group per task) into a report."""
     if not groups:
         return EvalReport(0.0, {}, 0.0, 0.0, 0.0, 0)
-    n = min(len(g) for g in groups)
-    correct = [[t.correct for t in g] for g in groups]
+    # samples are episodes, however many trajectories each recorded (an agent's sub-calls through the endpoint)
+    outcomes = [episode_outcomes(g.trajectories) for g in groups]
+    correct = [[c == 1.0 for c in ok] for _, ok in outcomes]
+    n = min(len(c) for c in correct)
     pass_at = {k: float(np.mean([pass_at_k(len(c), sum(c), k) for c in correct])) for k in range(1, n + 1)}
     trajs = [t for g in groups for t in g]
     kinds: dict[str, list[bool]] = defaultdict(list)
@@ -88,13 +91,13 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
     return EvalReport(
         accuracy=float(np.mean([x for c in correct for x in c])),
         pass_at=pass_at,
-        reward=float(np.mean([t.reward for t in trajs])),
-        tool_calls=float(np.mean([sum(t.num_tool_calls for t in g) / len(g) for g in groups])),
+        reward=float(np.mean([r for rewards, _ in outcomes for r in rewards])),
+        tool_calls=float(np.mean([sum(t.num_tool_calls for t in g) / len(c) for g, c in zip(groups, correct)])),
         tokens=float(np.mean([t.num_policy_tokens for t in trajs])),
         failed=sum(t.failed for t in trajs),
         by_kind={k: float(np.mean(v)) for k, v in sorted(kinds.items())},
         n_tasks=len(groups),
-        n_samples=len(trajs),
+        n_samples=sum(len(c) for c in correct),
         tool_stats=ToolStats.of(trajs),
         groups=list(groups),
     )

@@ -27,7 +27,7 @@ import torch
 from agentenv._loops import LoopThread, gather_settled
 from agentenv.algorithms import get_algorithm
 from agentenv.algorithms.base import Algorithm, LossNorm, TrainBatch, own_tool_results
-from agentenv.algorithms.core import kl_k3
+from agentenv.algorithms.core import episode_outcomes, kl_k3
 from agentenv.configs import RunConfig
 from agentenv.errors import ConfigError, InfraError, TrainingStopped
 from agentenv.policies.models import resolve_model_path
@@ -600,11 +600,13 @@ class Trainer:
         # importance ratio pi_trainer / pi_sampler (what `algorithm.rollout_correction` caps)
         mismatch = kl_k3(batch.sampler_logprobs.double(), batch.old_logprobs.double(), mask)
         log_rho = (batch.old_logprobs - batch.sampler_logprobs).masked_fill(mask == 0, -math.inf)
+        rewards, correct = episode_outcomes(trajs)
         sums = {
             "n_traj": float(len(trajs)),
+            "n_episodes": float(len(rewards)),
             "n_groups": float(len(groups)),
-            "reward": sum(t.reward for t in trajs),
-            "correct": float(sum(t.correct for t in trajs)),
+            "reward": sum(rewards),
+            "correct": sum(correct),
             "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
             # tool results the env produced: a tree's shared prefixes count once (the paper's tool-call budget)
             "tool_results": float(sum(own_tool_results(t) for t in trajs)),
@@ -633,13 +635,14 @@ class Trainer:
         gap_max, rho_max = maxes.max(dim=0).values.tolist()
         n = max(total["n_traj"], 1.0)
         out = {
-            "rollout/reward": total["reward"] / n,
-            "rollout/accuracy": total["correct"] / n,
+            "rollout/reward": total["reward"] / max(total["n_episodes"], 1.0),  # by episode, as the group's statistics
+            "rollout/accuracy": total["correct"] / max(total["n_episodes"], 1.0),
             "rollout/tool_calls_per_traj": total["tool_calls"] / n,
             "rollout/gen_tokens_per_group": total["gen_tokens"] / max(total["n_groups"], 1.0),
             "rollout/tool_results_per_group": total["tool_results"] / max(total["n_groups"], 1.0),
             "rollout/failed": total["failed"],
             "rollout/trajectories": total["n_traj"],
+            "rollout/episodes": total["n_episodes"],
             "rollout/entropy": total["entropy_sum"] / max(total["entropy_n"], 1.0),
             "train/logprob_gap_mean": total["gap_sum"] / max(total["gap_n"], 1.0),
             "train/logprob_gap_max": gap_max,

@@ -127,7 +127,7 @@ async def test_an_unrelated_sub_call_is_a_second_trajectory_of_the_episode(tok, 
         await runner.aclose()
     main, sub = group.trajectories
     assert not main.failed and not sub.failed, (main.error, sub.error)
-    assert main.info["episode"] == sub.info["episode"] and main.uid != sub.uid
+    assert main.episode == sub.episode is not None and main.uid != sub.uid
     assert sub.parent_uid is None and sub.segments[0].source == "prompt"
     assert "Summarize" in tok.decode(sub.segments[0].token_ids)
     assert main.reward == sub.reward  # they share the episode's reward
@@ -382,13 +382,15 @@ def test_every_independent_sampler_algorithm_takes_an_agents_groups(name):
     algo = cls(AlgorithmSection(name=name, params={"group_size": 2}).build())
     assert not getattr(cls, "grows_trees", False)
 
-    def traj(reward: float, n: int) -> Trajectory:
-        return Trajectory("t", [Segment("prompt", [1, 2]), Segment("policy", [3] * n, [0.0] * n, [0.0] * n)], reward=reward)
+    def traj(reward: float, n: int, episode: str) -> Trajectory:
+        return Trajectory("t", [Segment("prompt", [1, 2]), Segment("policy", [3] * n, [0.0] * n, [0.0] * n)],
+                          reward=reward, episode=episode)  # fmt: skip
 
-    group = Group(_task(), [traj(1.0, 3), traj(1.0, 2), traj(0.0, 4)])  # episode 1: main + sub-call; episode 2
+    group = Group(_task(), [traj(1.0, 3, "e1"), traj(1.0, 2, "e1"), traj(0.0, 4, "e2")])  # e1: main + sub-call
     advs = algo.advantages(group)
     assert [len(a) for a in advs] == [5, 4, 6]
     assert float(advs[0][-1]) > float(advs[2][-1])
+    assert float(advs[0][-1]) == float(advs[1][-1])  # an episode's trajectories share its advantage
 
 
 async def test_a_streaming_client_gets_the_completion_and_it_is_recorded(tok, chat):

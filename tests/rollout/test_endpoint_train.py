@@ -85,6 +85,10 @@ def test_two_grpo_steps_train_the_agent(trained):
         assert m["rollout/prefix_breaks"] == 0 and m["rollout/endpoint_errors"] == 0
         assert m["train/logprob_gap_mean"] < 1e-3  # the endpoint's logprobs are the policy's (same fp32 weights)
     assert any(m["train/grad_norm"] > 0 for m in metrics) and changed, "no update moved the weights"
+    for s, m in enumerate(metrics):  # the logged reward counts episodes, however many trajectories each recorded
+        rewards = {t.episode: t.reward for g in groups[2 * s : 2 * s + 2] for t in g}
+        assert m["rollout/episodes"] == len(rewards) == 4
+        assert m["rollout/reward"] == pytest.approx(sum(rewards.values()) / 4)
     assert report is not None and report.n_tasks == 2 and report.failed == 0
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from agentenv.algorithms.base import Draw, Reduce, RolloutRound, TrainBatch
-from agentenv.algorithms.core import broadcast, valid_advantages
+from agentenv.algorithms.core import broadcast, episode_rewards, valid_advantages
 from agentenv.algorithms.dapo.config import DAPOConfig
 from agentenv.algorithms.dapo.loss import OVERLONG_REASONS, informative, overlong_mask, overlong_penalty
 from agentenv.algorithms.dynamic_sampling import DynamicSampling
@@ -45,15 +45,17 @@ class DAPO(GRPO):
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         valid = [not t.failed for t in group.trajectories]
-        scalars = valid_advantages(self.shaped_rewards(group), valid, self.estimator().scalars)
+        episodes = [t.episode for t in group.trajectories]
+        scalars = valid_advantages(self.shaped_rewards(group), valid, self.estimator().scalars, episodes)
         return [broadcast(t, a) for t, a in zip(group.trajectories, scalars)]
 
     def keep_group(self, group: Group) -> bool:
-        """Dynamic sampling's filter: keep a group whose valid trajectories' (shaped) rewards differ."""
+        """Dynamic sampling's filter: keep a group whose valid episodes' (shaped) rewards differ."""
         if not self.cfg.dynamic_sampling:
             return True
-        rewards = [r for r, t in zip(self.shaped_rewards(group), group.trajectories) if not t.failed]
-        return informative(torch.tensor(rewards, dtype=torch.float64))
+        trajs = group.trajectories
+        rewards, _ = episode_rewards(self.shaped_rewards(group), [not t.failed for t in trajs], [t.episode for t in trajs])
+        return informative(torch.tensor(rewards, dtype=torch.float64))  # (E,): episodes, not trajectories
 
     def max_resample_rounds(self) -> int:
         return int(self.cfg.max_resample_rounds)

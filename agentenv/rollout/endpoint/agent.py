@@ -7,8 +7,11 @@
 
 Each episode opens its own key on the endpoint and gets a client with it. All
 the requests it makes are recorded (`agentenv.rollout.endpoint.recorder`); its
-trajectories share the episode's reward. A group of a task is the trajectories
-of `n` episodes (an episode whose agent made sub-calls gives several). An
+trajectories share the episode's reward and name it (`Trajectory.episode`). A
+group of a task is the trajectories of `n` episodes (an episode whose agent made
+sub-calls gives several), and its statistics count episodes: each episode
+weighs 1 in the group's baseline, however many requests it made
+(`agentenv.algorithms.core.episode_rewards`). An
 agent that raises or runs past `rollout.episode_timeout_s` fails its
 episode's trajectories (masked from the loss); the group goes on.
 
@@ -138,7 +141,7 @@ class AgentRunner:
                 t.info.update(t_start=t0, t_end=time.monotonic(), prefix_breaks=rec.prefix_breaks,
                               episode_trajectories=len(trajs))  # fmt: skip
             if error is not None:
-                trajs = trajs or [Trajectory(task_id=task.id, info={"seed": seed, "episode": rec.uid})]
+                trajs = trajs or [Trajectory(task_id=task.id, episode=rec.uid, info={"seed": seed})]
                 for t in trajs:
                     t.failed, t.error, t.finish_reason, t.reward = True, error, "error", 0.0
                 return trajs

@@ -23,6 +23,13 @@ class EndpointConfig:
         model_name: The model name `/v1/models` lists and requests must give
             (`model=`); another name is answered 404 `model_not_found`.
         max_request_bytes: Largest request body accepted (413 beyond).
+        max_requests_per_episode: Most chat completions one episode may ask for;
+            past it a request is refused (429 `episode_request_limit`, counted in
+            `rollout/endpoint_errors`) and the agent's episode goes on without it.
+        max_concurrent_per_episode: Most of one episode's requests rendered or
+            generated at once; more wait their turn (first come, first served),
+            so one episode's burst holds at most this many of the policy's
+            slots and never starves the other episodes' requests.
     """
 
     host: str = "127.0.0.1"
@@ -30,6 +37,8 @@ class EndpointConfig:
     allow_remote: bool = False
     model_name: str = "agentenv"
     max_request_bytes: int = 8 * 1024 * 1024
+    max_requests_per_episode: int = 64
+    max_concurrent_per_episode: int = 4
 
     def __post_init__(self) -> None:
         try:
@@ -44,3 +53,7 @@ class EndpointConfig:
         if not isinstance(self.model_name, str) or not self.model_name.strip():
             raise ConfigError("rollout.endpoint.model_name", f"must name the served model, got {self.model_name!r}")
         check_number("rollout.endpoint.max_request_bytes", self.max_request_bytes, low=1024, low_ok=True, integer=True)
+        check_number("rollout.endpoint.max_requests_per_episode", self.max_requests_per_episode, low=1, low_ok=True,
+                     integer=True)  # fmt: skip
+        check_number("rollout.endpoint.max_concurrent_per_episode", self.max_concurrent_per_episode, low=1, low_ok=True,
+                     integer=True)  # fmt: skip

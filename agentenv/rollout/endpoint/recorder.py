@@ -3,7 +3,9 @@
 A request's messages are rendered with the run's chat template. Each assistant
 message that this episode's endpoint produced (recognized by the tool-call ids
 it issued, or by its content and calls) is rendered as the exact text the
-policy wrote, so the template reproduces the policy's own turn. Then:
+policy wrote, so the template reproduces the policy's own turn; one that keeps
+an issued id but not the content or calls answered is an edit, rendered as
+sent. Then:
 
 - the rendering extends the text of a trajectory recorded so far (its prompt,
   completions and the tokens between them): the request continues it. Only the
@@ -12,7 +14,7 @@ policy wrote, so the template reproduces the policy's own turn. Then:
   policy's tokens are never re-tokenized;
 - otherwise it starts a new trajectory of the same episode (a sub-agent, an
   unrelated call), whose prompt is the rendering tokenized. When such a request
-  carries an assistant message this episode produced, the agent rewrote the
+  carries an assistant message this episode produced (or an edit of one), the agent rewrote the
   conversation (dropped or edited a turn) or the template does not render
   earlier turns verbatim: the request is counted as a prefix break
   (`rollout/prefix_breaks`).
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import re
 import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agentenv.envs.chat import ChatTemplate
+from agentenv.errors import ConfigError
 from agentenv.policies.base import Policy
 from agentenv.types import Generation, SamplingParams, Segment, Trajectory, _new_uid
 
@@ -124,6 +128,17 @@ def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str | None, 
     return (content or None) if calls else content, calls
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token stands for (its longest vocabulary entry; at least 1).
+
+    A byte-level entry is as long as its bytes, a text is at least as long in
+    bytes as in characters, and added tokens are in the vocabulary: so a text of
+    c characters is at least c / this many tokens.
+    """
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return max((len(k) for k in vocab), default=64) or 1
+
+
 @dataclass
 class Thread:
     """One trajectory being recorded: its segments and the exact text they render to."""
@@ -171,31 +186,38 @@ class EpisodeRecord:
         params: Base sampling parameters (the run's); `max_tokens`, `stop` and `seed` are set per request.
         seed: Episode seed; request i samples with `derive_seed(seed, i)`.
         max_context_tokens: Most tokens of one trajectory (prompt and completion).
+        token_chars: `longest_token_chars` of the tokenizer (None: computed here).
     """
 
     def __init__(self, key: str, chat: ChatTemplate, policy: Policy, params: SamplingParams, seed: int,
-                 max_context_tokens: int):  # fmt: skip
+                 max_context_tokens: int, token_chars: int | None = None):  # fmt: skip
         self.key = key
         self.chat = chat
         self.policy = policy
         self.params = params
         self.seed = int(seed)
         self.max_context_tokens = max_context_tokens
+        self.token_chars = token_chars or longest_token_chars(chat.tokenizer)
+        self.max_prompt_chars = self.token_chars * max_context_tokens
         self.threads: list[Thread] = []
         self.prefix_breaks = 0
         self.requests = 0  # answered requests
         self.calls = 0  # generate calls started (the seed index)
+        self.admitted = 0  # requests taken in (checked against rollout.endpoint.max_requests_per_episode)
         self.closed = False
         self.uid = _new_uid()
         self.t_start = time.monotonic()
-        self._by_call_id: dict[str, tuple[str, str]] = {}  # tool-call id -> (raw text, tool name)
+        # tool-call id -> (raw text, tool name, the turn's (content, calls) as answered)
+        self._by_call_id: dict[str, tuple[str, str, tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self._by_content: dict[Any, str] = {}  # (content, calls) -> raw text
+        self._lock = threading.Lock()  # held by `record` while it changes the trajectories, by `prepare` to read them
         eos = getattr(chat.tokenizer, "eos_token_id", None)
         self._eos_id: int | None = eos
 
     # ---- messages -----------------------------------------------------
     def canonical(self, messages: Any) -> tuple[list[dict[str, Any]], int]:
-        """The messages as the template renders them, and how many are assistant turns this episode produced.
+        """The messages as the template renders them, and how many carry an assistant turn this episode produced
+        (as it was produced, or edited: an edit keeps its tool-call ids but not its content or calls).
 
         Raises:
             RequestError: A malformed message (400).
@@ -222,9 +244,9 @@ class EpisodeRecord:
                         raise RequestError(400, f"{param}.tool_calls[{j}] needs function.name and function.arguments",
                                            "invalid_messages", param)  # fmt: skip
                     pairs.append((fn["name"], fn.get("arguments", "{}")))
-                raw = self._recognize(calls, content, pairs)
+                raw, issued = self._recognize(calls, content, pairs)
+                ours += issued
                 if raw is not None:
-                    ours += 1
                     out.append({"role": "assistant", "content": raw})
                     continue
                 msg: dict[str, Any] = {"role": "assistant", "content": content or ""}
@@ -247,12 +269,20 @@ class EpisodeRecord:
                 out.append({"role": "system" if role == "developer" else role, "content": content})
         return out, ours
 
-    def _recognize(self, calls: list[Any], content: str | None, pairs: list[tuple[str, Any]]) -> str | None:
+    def _recognize(self, calls: list[Any], content: str | None, pairs: list[tuple[str, Any]]) -> tuple[str | None, bool]:
+        """(the turn's raw text if it is one this episode produced, unchanged; whether it is one, edited or not).
+
+        A turn is recognized by a tool-call id the endpoint issued, or by its content and calls; by an id
+        only when its content and calls are still those answered: an edited turn is rendered as the agent
+        sent it (so it cannot continue the recorded ids) and the request is a prefix break.
+        """
+        key = _call_key(content, pairs)
         for c in calls:
             hit = self._by_call_id.get(str(c.get("id"))) if isinstance(c, Mapping) else None
             if hit is not None:
-                return hit[0]
-        return self._by_content.get(_call_key(content, pairs))
+                return (hit[0] if hit[2] == key else None), True
+        raw = self._by_content.get(key)
+        return raw, raw is not None
 
     # ---- placing and recording -------------------------------------------
     def prepare(self, messages: Any, tools: Any) -> Prepared:
@@ -274,16 +304,33 @@ class EpisodeRecord:
                                    "invalid_tools", "tools")  # fmt: skip
             names = tuple(t["function"]["name"] for t in tools)
             chat = dataclasses.replace(chat, tools=[dict(t) for t in tools] or None)
-        rendered = chat.render(msgs, add_generation_prompt=True)
+        try:
+            rendered = chat.render(msgs, add_generation_prompt=True)
+        except ConfigError as e:  # the template refused these messages (roles out of order, ...): the request's fault
+            raise RequestError(400, f"the messages could not be rendered: {e}", "invalid_messages", "messages") from None
+        # the bound before tokenizing: a token is at most `longest_token_chars` characters of text, so a longer
+        # rendering cannot fit the context (tokenizing megabytes to find that out would cost seconds)
+        if len(rendered) > self.max_prompt_chars:
+            raise RequestError(
+                400,
+                f"this request renders to {len(rendered)} characters, at least {len(rendered) // self.token_chars + 1} "
+                f"tokens ({self.token_chars} characters per token at most); the context budget "
+                f"(env.max_context_tokens) is {self.max_context_tokens}",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
         best: Thread | None = None
-        for t in self.threads:
-            if rendered.startswith(t.text) and (best is None or len(t.text) > len(best.text)):
-                best = t
+        # prepare may run on a worker thread while the loop records: the trajectory is read once, as matched
+        with self._lock:
+            for t in self.threads:
+                if rendered.startswith(t.text) and (best is None or len(t.text) > len(best.text)):
+                    best = t
+            if best is not None:
+                base_text, base_ids, base_len = best.text, best.ids, best.length
         if best is not None:
-            delta_text = rendered[len(best.text) :]
+            delta_text = rendered[len(base_text) :]
             delta = chat.encode(delta_text)
-            prompt = best.ids + delta
-            prep = Prepared(prompt, best, best.length, delta, delta_text, rendered, False, names)
+            prompt = base_ids + delta
+            prep = Prepared(prompt, best, base_len, delta, delta_text, rendered, False, names)
         else:
             prompt = chat.encode(rendered)
             prep = Prepared(prompt, None, 0, prompt, rendered, rendered, ours > 0, names)
@@ -306,38 +353,49 @@ class EpisodeRecord:
         self.calls += 1
         return dataclasses.replace(self.params, max_tokens=budget, stop=tuple(stop), seed=seed)
 
+    def place(self, prep: Prepared) -> Thread:
+        """The trajectory an answer to `prep` goes to (its uid is in the reply): the one the request continues,
+        unless another answer extended it meanwhile; else a new one, recorded by `record` only."""
+        parent = prep.thread
+        if parent is not None and parent.length == prep.base_len and not self.closed:
+            return parent
+        thread = Thread(text=prep.rendered)
+        if parent is not None:  # a second answer on the same prefix: a branch with the same exact ids
+            thread.parent_uid, thread.branch_token = parent.uid, prep.base_len
+        # a branch's history is its prompt here (its policy tokens are trained once, in the parent)
+        thread.segments.append(Segment("prompt", list(prep.prompt_ids)))
+        return thread
+
     def record(self, prep: Prepared, gen: Generation, calls: list[dict[str, Any]], content: str | None,
-               gen_time_s: float) -> Thread:  # fmt: skip
-        """Add an answered request to its trajectory (or a new one); remember the turn for recognition."""
-        thread = prep.thread
+               gen_time_s: float, thread: Thread | None = None) -> Thread:  # fmt: skip
+        """Add an answered request to its trajectory, `place`'s (given, it must have been placed with nothing
+        recorded since: no await between); remember the turn for recognition."""
+        thread = thread or self.place(prep)
         policy = Segment("policy", list(gen.token_ids), list(gen.logprobs), list(gen.entropies),
                          None if gen.versions is None else list(gen.versions))
         ids = list(gen.token_ids)
         raw_ids = ids[:-1] if ids and self._eos_id is not None and ids[-1] == self._eos_id else ids
-        turn_text = self.chat.decode(ids)
-        if thread is not None and thread.length == prep.base_len and not self.closed:
-            if prep.delta_ids:
-                thread.segments.append(Segment("tool", list(prep.delta_ids)))
-            thread.text += prep.delta_text
-        else:
-            parent = thread
-            thread = Thread(text=prep.rendered)
-            if parent is not None:  # a second answer on the same prefix: a branch with the same exact ids
-                thread.parent_uid, thread.branch_token = parent.uid, prep.base_len
-            # a branch's history is its prompt here (its policy tokens are trained once, in the parent)
-            thread.segments.append(Segment("prompt", list(prep.prompt_ids)))
-            self.threads.append(thread)
-        thread.segments.append(policy)
-        thread.text += turn_text
+        turn_text, raw = self.chat.decode(ids), self.chat.decode(raw_ids)
+        key = _call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+        with self._lock:
+            if thread is prep.thread:
+                if thread.length != prep.base_len:
+                    raise RuntimeError("the trajectory was extended after the answer was placed: place, then record, "
+                                       "with no await between")  # fmt: skip
+                if prep.delta_ids:
+                    thread.segments.append(Segment("tool", list(prep.delta_ids)))
+                thread.text += prep.delta_text
+            else:
+                self.threads.append(thread)
+            thread.segments.append(policy)
+            thread.text += turn_text
         thread.requests += 1
         thread.gen_time_s += gen_time_s
         thread.finish_reason = gen.finish_reason
         for c in calls:
             thread.tool_calls[c["function"]["name"]] += 1
-        raw = self.chat.decode(raw_ids)
-        for c in calls:
-            self._by_call_id[c["id"]] = (raw, c["function"]["name"])
-        self._by_content[_call_key(content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])] = raw
+            self._by_call_id[c["id"]] = (raw, c["function"]["name"], key)
+        self._by_content[key] = raw
         self.requests += 1
         return thread
 
@@ -356,7 +414,8 @@ class EpisodeRecord:
                 uid=t.uid,
                 parent_uid=t.parent_uid,
                 branch_token=t.branch_token,
-                info={"episode": self.uid, "requests": t.requests, "seed": self.seed,
+                episode=self.uid,
+                info={"requests": t.requests, "seed": self.seed,
                       "generated_tokens": sum(len(s) for s in t.segments if s.source == "policy")},
             ))  # fmt: skip
         return out

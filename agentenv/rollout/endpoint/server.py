@@ -7,10 +7,23 @@ exact token ids of its trajectory (`agentenv.rollout.endpoint.recorder`), and
 its answer, ids, logprobs and entropies are recorded. Errors have OpenAI's
 shape (`{"error": {"message", "type", "param", "code"}}`) and change nothing:
 
-- 400 malformed JSON, messages, tools or parameters; `context_length_exceeded`;
+- 400 malformed JSON (not UTF-8, a lone surrogate, nested too deeply), messages,
+  tools or parameters; `context_length_exceeded` (refused before tokenizing when
+  the rendering has more characters than the budget's tokens can hold);
 - 401 a missing or unknown key (`invalid_api_key`); 409 a key whose episode ended (`episode_ended`);
 - 403 a client that is not on loopback (unless `rollout.endpoint.allow_remote`);
-- 404 an unknown model (`model_not_found`) or route; 504 the policy timed out.
+- 404 an unknown model (`model_not_found`) or route; 413 a body too large; 415 a charset other than UTF-8;
+- 429 `episode_request_limit`: the episode made `rollout.endpoint.max_requests_per_episode` requests;
+- 500 `policy_error` (`policy.generate` raised) or `internal_error` (anything else); 504 the policy timed out.
+
+Every error is counted (`counts["error/<code>"]`, `rollout/endpoint_errors`).
+The request is checked whole (`ChatRequest.of`, then its messages rendered)
+before anything is generated, and recorded only once its reply is built
+(serialized whole, before its headers go out). A client that goes away
+cancels its request: its generation stops, its slot is free, nothing is recorded.
+At most `max_concurrent_per_episode` requests of one episode are rendered or
+generated at once (the others wait, first come first served), and a large
+body is parsed, rendered and tokenized on a worker thread, never on the loop.
 
 `stream: true` is answered once the completion is whole, as one chunk (then
 its finish reason, its usage if `stream_options.include_usage`, and `[DONE]`),
@@ -28,10 +41,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -39,14 +54,121 @@ from aiohttp import web
 from agentenv.envs.chat import ChatTemplate
 from agentenv.policies.base import Policy
 from agentenv.rollout.endpoint.config import EndpointConfig
-from agentenv.rollout.endpoint.recorder import EpisodeRecord, RequestError, parse_tool_calls
+from agentenv.rollout.endpoint.recorder import EpisodeRecord, RequestError, longest_token_chars, parse_tool_calls
 from agentenv.types import SamplingParams
 
 _MAX_ENDED = 100_000  # ended keys remembered (for the `episode_ended` answer); older ones read as unknown
 
 
+# a request body above this many bytes is parsed, rendered and tokenized on a worker thread (below it the work is
+# well under a millisecond: the thread's hand-off would cost more than it saves the loop)
+OFFLOAD_BYTES = 32 * 1024
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+# refusals no retry can change: clients that honour `x-should-retry` (openai's, which retries 409 and 429) do not retry
+_FINAL = frozenset({"episode_ended", "episode_request_limit"})
+
+
 def _error(e: RequestError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    headers = {"x-should-retry": "false"} if e.code in _FINAL else None
+    return web.json_response(e.body(), status=e.status, headers=headers)
+
+
+def parse_body(raw: bytes) -> Any:
+    """A request body's JSON (its errors as RequestErrors, 400)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"the request body is not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})",
+                           "invalid_encoding") from None  # fmt: skip
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError(400, f"the request body is not valid JSON ({e.msg})", "invalid_json") from None
+    except RecursionError:
+        raise RequestError(400, "the request body's JSON nests too deeply to parse", "invalid_json") from None
+    if _SURROGATE_ESCAPE.search(text):  # only escapes make lone surrogates; a text without one has none
+        stack: list[tuple[Any, str]] = [(body, "")]
+        while stack:
+            v, where = stack.pop()
+            if isinstance(v, str):
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise RequestError(400, f"the request body's string at {where or 'the top'} holds a lone "
+                                            "surrogate (\\ud800-\\udfff unpaired): not text", "invalid_encoding",
+                                       where.lstrip(".") or None) from None  # fmt: skip
+            elif isinstance(v, dict):
+                stack.extend((x, f"{where}.{k}") for k, x in v.items())
+                stack.extend((k, f"{where} (a key)") for k in v)
+            elif isinstance(v, list):
+                stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+    return body
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat completion request, every field the endpoint reads checked (`of`) before anything is generated.
+
+    `messages` and `tools` are checked as they are rendered (`EpisodeRecord.prepare`), also before.
+    """
+
+    messages: Any
+    tools: Any
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    tool_choice: str | None
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    size: int  # bytes of the body
+
+    @classmethod
+    def of(cls, body: Any, size: int, model_name: str) -> ChatRequest:
+        """The request of a parsed body.
+
+        Raises:
+            RequestError: A field with a wrong type or value (400, naming it), another model (404).
+        """
+        if not isinstance(body, Mapping):
+            raise RequestError(400, "the request body must be a JSON object", "invalid_json")
+        model = body.get("model")
+        if model != model_name:
+            raise RequestError(404, f"the model {model!r} does not exist; this endpoint serves {model_name!r}",
+                               "model_not_found", "model")  # fmt: skip
+        if body.get("n", 1) != 1:
+            raise RequestError(400, "only n=1 is supported (sample again for another completion)", "unsupported", "n")
+        field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = body.get(field)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise RequestError(400, f"{field} must be a positive integer, got {max_tokens!r}", "invalid_value", field)
+        stop = body.get("stop") or ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise RequestError(400, "stop must be a string or a list of non-empty strings", "invalid_value", "stop")
+        tool_choice = body.get("tool_choice")
+        if tool_choice not in (None, "auto", "none"):
+            raise RequestError(400, "tool_choice may be 'auto' or 'none' only", "unsupported", "tool_choice")
+        flags = {}
+        for name in ("stream", "logprobs"):
+            v = body.get(name)
+            if v is not None and not isinstance(v, bool):
+                raise RequestError(400, f"{name} must be true or false, got {v!r}", "invalid_value", name)
+            flags[name] = bool(v)
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, Mapping):
+            raise RequestError(400, f"stream_options must be an object ({{\"include_usage\": true}}), got {options!r}",
+                               "invalid_value", "stream_options")  # fmt: skip
+        usage = (options or {}).get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise RequestError(400, f"stream_options.include_usage must be true or false, got {usage!r}",
+                               "invalid_value", "stream_options.include_usage")  # fmt: skip
+        if options is not None and not flags["stream"]:
+            raise RequestError(400, "stream_options is only allowed with stream: true", "invalid_value", "stream_options")
+        return cls(body.get("messages"), body.get("tools"), max_tokens, tuple(stop), tool_choice, flags["stream"],
+                   bool(usage), flags["logprobs"], size)  # fmt: skip
 
 
 class Endpoint:
@@ -66,6 +188,8 @@ class Endpoint:
         self.max_context_tokens = max_context_tokens
         self.generation_timeout_s = generation_timeout_s
         self.episodes: dict[str, EpisodeRecord] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}  # an open episode's key -> its requests' turns
+        self._token_chars = longest_token_chars(chat.tokenizer)
         self._ended: dict[str, None] = {}
         self.counts: Counter[str] = Counter()  # requests, errors by code, prefix breaks (since start)
         self._runner: web.AppRunner | None = None
@@ -80,7 +204,9 @@ class Endpoint:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/agentenv/episode", self._episode)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # a client that goes away (its agent gave up, its episode timed out) cancels its request: the slot it held
+        # or waited for is free, its generation stops, and the reply nobody reads is never recorded
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
@@ -109,13 +235,15 @@ class Endpoint:
     def open_episode(self, policy: Policy, params: SamplingParams, seed: int) -> EpisodeRecord:
         """A new episode with its own random key (`record.key`)."""
         key = "ae-" + secrets.token_urlsafe(24)
-        rec = EpisodeRecord(key, self.chat, policy, params, seed, self.max_context_tokens)
+        rec = EpisodeRecord(key, self.chat, policy, params, seed, self.max_context_tokens, self._token_chars)
         self.episodes[key] = rec
+        self._slots[key] = asyncio.Semaphore(self.config.max_concurrent_per_episode)
         return rec
 
     def close_episode(self, key: str) -> EpisodeRecord | None:
         """End an episode: its key is refused from now on; its record is returned (None if unknown)."""
         rec = self.episodes.pop(key, None)
+        self._slots.pop(key, None)
         if rec is not None:
             rec.closed = True
             self._ended[key] = None
@@ -152,6 +280,13 @@ class Endpoint:
             code = "not_found" if e.status == 404 else "http_error"
             self.counts[f"error/{code}"] += 1
             return _error(RequestError(e.status, f"{request.method} {request.path}: {e.reason}", code))
+        except RecursionError:  # nesting the parser took but a later step (rendering its tools) did not
+            self.counts["error/invalid_value"] += 1
+            return _error(RequestError(400, "the request nests too deeply to be rendered", "invalid_value"))
+        except Exception as e:  # noqa: BLE001 - whatever raised, the client gets an OpenAI-shaped error, counted
+            self.counts["error/internal_error"] += 1
+            return _error(RequestError(500, f"the endpoint failed on this request: {type(e).__name__}: {e}",
+                                       "internal_error", type_="server_error"))  # fmt: skip
 
     def _episode_of(self, request: web.Request) -> EpisodeRecord:
         auth = request.headers.get("Authorization", "")
@@ -177,64 +312,79 @@ class Endpoint:
         """The episode's own record (sizes and uids), for its key only."""
         return web.json_response(self._episode_of(request).summary())
 
+    async def _body(self, request: web.Request) -> tuple[Mapping[str, Any], int]:
+        """The request body as a JSON object: UTF-8 (the only charset JSON has), parsed off the loop when large.
+
+        Raises:
+            RequestError: Another charset (415), bytes that are not UTF-8, JSON that
+                does not parse, nests deeper than the parser goes or holds a lone
+                surrogate (400), or a body that is not an object (400).
+        """
+        charset = request.charset
+        if charset is not None and charset.lower().replace("-", "").replace("_", "") != "utf8":
+            raise RequestError(415, f"the request body's charset must be utf-8 (JSON is UTF-8), got {charset!r}",
+                               "unsupported_charset")  # fmt: skip
+        raw = await request.read()  # at most rollout.endpoint.max_request_bytes (413 beyond)
+        body = await asyncio.to_thread(parse_body, raw) if len(raw) > OFFLOAD_BYTES else parse_body(raw)
+        return body, len(raw)
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         rec = self._episode_of(request)
-        try:
-            body = await request.json(loads=json.loads)
-        except json.JSONDecodeError as e:
-            raise RequestError(400, f"the request body is not valid JSON ({e.msg})", "invalid_json") from None
-        if not isinstance(body, Mapping):
-            raise RequestError(400, "the request body must be a JSON object", "invalid_json")
-        model = body.get("model")
-        if model != self.config.model_name:
-            raise RequestError(404, f"the model {model!r} does not exist; this endpoint serves {self.config.model_name!r}",
-                               "model_not_found", "model")  # fmt: skip
-        if body.get("n", 1) != 1:
-            raise RequestError(400, "only n=1 is supported (sample again for another completion)", "unsupported", "n")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "invalid_value", "max_tokens")
-        stop = body.get("stop") or ()
-        if isinstance(stop, str):
-            stop = (stop,)
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError(400, "stop must be a string or a list of non-empty strings", "invalid_value", "stop")
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise RequestError(400, "tool_choice may be 'auto' or 'none' only", "unsupported", "tool_choice")
-        prep = rec.prepare(body.get("messages"), body.get("tools"))  # shown to the model even with tool_choice none
-        if prep.prefix_break:
-            rec.prefix_breaks += 1
-            self.counts["prefix_breaks"] += 1
-        params = rec.sampling(max_tokens, tuple(stop), len(prep.prompt_ids))
+        req = ChatRequest.of(*await self._body(request), self.config.model_name)  # every field checked before any work
+        cfg = self.config
+        if rec.admitted >= cfg.max_requests_per_episode:
+            raise RequestError(
+                429, f"this episode made its {cfg.max_requests_per_episode} requests "
+                     "(rollout.endpoint.max_requests_per_episode); nothing more is answered for it",
+                "episode_request_limit", type_="rate_limit_error")  # fmt: skip
+        slots = self._slots.get(rec.key)
+        if slots is None or rec.closed:
+            raise RequestError(409, "this API key's episode has ended; nothing more is recorded for it", "episode_ended")
+        rec.admitted += 1
+        async with slots:  # at most max_concurrent_per_episode of one episode's requests at a time
+            if rec.closed:
+                raise RequestError(409, "this API key's episode has ended; nothing more is recorded for it", "episode_ended")
+            return await self._answer(request, rec, req)
+
+    async def _answer(self, request: web.Request, rec: EpisodeRecord, req: ChatRequest) -> web.StreamResponse:
+        # rendering and tokenizing grow with the request: a large one runs on a worker thread, never on the loop
+        if req.size > OFFLOAD_BYTES:
+            prep = await asyncio.to_thread(rec.prepare, req.messages, req.tools)
+        else:
+            prep = rec.prepare(req.messages, req.tools)  # shown to the model even with tool_choice none
+        params = rec.sampling(req.max_tokens, req.stop, len(prep.prompt_ids))
         t0 = time.perf_counter()
         try:
-            gen = await asyncio.wait_for(rec.policy.generate(prep.prompt_ids, params), self.generation_timeout_s)
+            async with asyncio.timeout(self.generation_timeout_s):  # (wait_for would start a task per request)
+                gen = await rec.policy.generate(prep.prompt_ids, params)
         except TimeoutError:
             raise RequestError(504, f"the policy did not answer within {self.generation_timeout_s:g} s "
                                     "(rollout.generation_timeout_s)", "timeout", type_="server_error") from None  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - the policy's fault: this request's error, never a plain-text 500
+            raise RequestError(500, f"the policy failed to answer: {type(e).__name__}: {e}", "policy_error",
+                               type_="server_error") from e  # fmt: skip
         elapsed = time.perf_counter() - t0
         if rec.closed:
             raise RequestError(409, "this API key's episode ended while the request was answered; it is not recorded",
                                "episode_ended")  # fmt: skip
         text = self.chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        calling = prep.tool_names and body.get("tool_choice") != "none"
+        calling = prep.tool_names and req.tool_choice != "none"
         content, calls = parse_tool_calls(text, prep.tool_names) if calling else (text, [])
-        thread = rec.record(prep, gen, calls, content, elapsed)
-        self.counts["requests"] += 1
         finish = "tool_calls" if calls else ("length" if gen.finish_reason == "length" else "stop")
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "token_ids": gen.token_ids}
-        if body.get("logprobs"):
+        if req.logprobs:
             tok = self.chat.tokenizer
             choice["logprobs"] = {"content": [
                 {"token": (s := tok.decode([t], skip_special_tokens=False)), "logprob": lp,
-                 "bytes": list(s.encode("utf-8")), "top_logprobs": [], "entropy": h}
+                 "bytes": list(s.encode("utf-8", "surrogatepass")), "top_logprobs": [], "entropy": h}
                 for t, lp, h in zip(gen.token_ids, gen.logprobs, gen.entropies)
             ]}  # fmt: skip
         n_prompt, n_out = len(prep.prompt_ids), len(gen.token_ids)
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        thread = rec.place(prep)  # the trajectory the answer goes to (nothing awaited from here to `record`)
         out = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",
@@ -244,30 +394,36 @@ class Endpoint:
             "usage": usage,
             "agentenv": {"trajectory": thread.uid, "episode": rec.uid},
         }
+        # the reply is serialized whole before it is recorded and before its headers go out: whatever fails here is
+        # an error the client gets (not a stream broken after its headers), and nothing is recorded
+        body = _events(out, req.include_usage) if req.stream else json.dumps(out).encode()
+        rec.record(prep, gen, calls, content, elapsed, thread)
+        self.counts["requests"] += 1
+        if prep.prefix_break:
+            rec.prefix_breaks += 1
+            self.counts["prefix_breaks"] += 1
         headers = {"x-agentenv-trajectory": thread.uid}
-        if body.get("stream"):
-            return await self._stream(request, out, body, headers)
-        return web.json_response(out, headers=headers)
-
-    async def _stream(self, request: web.Request, out: dict[str, Any], body: Mapping[str, Any],
-                      headers: dict[str, str]) -> web.StreamResponse:  # fmt: skip
-        """`stream: true`: the whole completion as one chunk, then its finish (and usage, if asked), then [DONE]."""
+        if not req.stream:
+            return web.Response(body=body, headers=headers, content_type="application/json", charset="utf-8")
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        choice = out["choices"][0]
-        delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
-        if "tool_calls" in choice["message"]:
-            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
-        head = {k: out[k] for k in ("id", "created", "model", "agentenv")} | {"object": "chat.completion.chunk"}
-        first: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "token_ids": choice["token_ids"]}
-        if "logprobs" in choice:
-            first["logprobs"] = choice["logprobs"]
-        chunks = [{**head, "choices": [first]},
-                  {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]  # fmt: skip
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": out["usage"]})
-        for c in chunks:
-            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(body)
         await resp.write_eof()
         return resp
+
+
+def _events(out: dict[str, Any], include_usage: bool) -> bytes:
+    """`stream: true`'s reply: the whole completion as one chunk, then its finish (and usage, if asked), then [DONE]."""
+    choice = out["choices"][0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
+    if "tool_calls" in choice["message"]:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
+    head = {k: out[k] for k in ("id", "created", "model", "agentenv")} | {"object": "chat.completion.chunk"}
+    first: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "token_ids": choice["token_ids"]}
+    if "logprobs" in choice:
+        first["logprobs"] = choice["logprobs"]
+    chunks = [{**head, "choices": [first]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]  # fmt: skip
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": out["usage"]})
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
