@@ -32,17 +32,19 @@ class Steps:
 
     spans: list[tuple[int, int]]  # [start, end) token indices of each policy segment
     keys: list[str]
-    states: list[list[int]]  # the context's token ids before each turn (for `anchors: similarity`)
+    states: list[list[int]]  # the token ids after the prompt before each turn (for `anchors: similarity`)
 
 
 def steps_of(traj: Trajectory, with_states: bool = False) -> Steps:
     """A trajectory's steps; its env's state keys, or (none given) the context hash from its tokens."""
     spans, states, pos, ids = [], [], 0, traj.token_ids
+    # a group's trajectories share their prompt: compared, it would only dilute the difference between states
+    start = len(traj.segments[0]) if traj.segments and traj.segments[0].source == "prompt" else 0
     for seg in traj.segments:
         if seg.source == "policy":
             spans.append((pos, pos + len(seg)))
             if with_states:
-                states.append(ids[:pos])
+                states.append(ids[start:pos])
         pos += len(seg)
     keys = list(traj.state_keys) if traj.state_keys else context_keys(traj)
     if len(keys) != len(spans):
