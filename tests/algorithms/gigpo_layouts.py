@@ -9,8 +9,8 @@ anchors (equal strings, equal context hashes) and similarity anchors
 (`difflib` ratios on strings or on token lists) see the same thing.
 
 verl-agent's inputs, one row per step (its batch layout): `index` the task,
-`traj_index` the trajectory, `anchor_obs` the context before the step (or the
-env's key, where the layout gives keys), `token_level_rewards` the episode's
+`traj_index` the trajectory, `anchor_obs` the context after the prompt before the
+step (or the env's key, where the layout gives keys), `token_level_rewards` the episode's
 reward on every row of the episode (its `EpisodeRewardManager`), and
 `step_rewards` the discounted returns its `compute_step_discounted_returns`
 makes from per-step rewards (the reward on the last step, 0 before).
@@ -91,8 +91,8 @@ def _tokens(text: str) -> list[int]:
 
 
 def contexts(traj: dict[str, Any]) -> list[str]:
-    """The context before each step, as text."""
-    out, ctx = [], traj["prompt"]
+    """The context after the prompt before each step, as text (what `anchors: similarity` compares)."""
+    out, ctx = [], ""
     for action, result in traj["steps"]:
         out.append(ctx)
         ctx += action + result

@@ -167,3 +167,19 @@ def test_agent_env_records_the_context_hash_before_each_turn(tok, task, enc):
     assert env.state_key() == first and env.trajectory().state_keys == []  # a new episode, the same prompt
     env.close()
     child.close()
+
+
+def test_similarity_anchors_are_not_fooled_by_a_long_prompt():
+    """Every trajectory of a group shares its prompt; a long one must not make a later state look like the first.
+
+    With the prompt in the compared context, 400 shared tokens give the initial state and the state after a
+    15-token turn a ratio of 2·400/815 > 0.95: one anchor group of steps at different depths.
+    """
+    prompt = list(range(1000, 1400))
+    searched = traj(prompt, [(list(range(5)), list(range(10, 20))), ([7], [])], 1.0)
+    answered = traj(prompt, [([8], [])], 0.0)
+    g = Group(task=None, trajectories=[searched, answered])
+    GiGPO(GiGPOConfig(anchors="similarity", similarity_threshold=0.95)).advantages(g)
+    # searched's two steps, answered's one: the initial state is shared, the state after the search is not
+    assert searched.info["gigpo"]["anchor_sizes"] == [2, 1]
+    assert answered.info["gigpo"]["anchor_sizes"] == [2]

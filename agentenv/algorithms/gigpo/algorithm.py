@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -9,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from agentenv.algorithms.arpo.algorithm import ARPO, arpo_advantages, estimator_of
-from agentenv.algorithms.base import Reduce, TrainBatch
+from agentenv.algorithms.base import Algorithm, Reduce, TrainBatch
 from agentenv.algorithms.core import broadcast, valid_advantages
 from agentenv.algorithms.gigpo.config import GiGPOConfig, TreeGiGPOConfig
 from agentenv.algorithms.gigpo.steps import (
@@ -32,17 +33,19 @@ class Steps:
 
     spans: list[tuple[int, int]]  # [start, end) token indices of each policy segment
     keys: list[str]
-    states: list[list[int]]  # the context's token ids before each turn (for `anchors: similarity`)
+    states: list[list[int]]  # the token ids after the prompt before each turn (for `anchors: similarity`)
 
 
 def steps_of(traj: Trajectory, with_states: bool = False) -> Steps:
     """A trajectory's steps; its env's state keys, or (none given) the context hash from its tokens."""
     spans, states, pos, ids = [], [], 0, traj.token_ids
+    # a group's trajectories share their prompt: compared, it would only dilute the difference between states
+    start = len(traj.segments[0]) if traj.segments and traj.segments[0].source == "prompt" else 0
     for seg in traj.segments:
         if seg.source == "policy":
             spans.append((pos, pos + len(seg)))
             if with_states:
-                states.append(ids[:pos])
+                states.append(ids[start:pos])
         pos += len(seg)
     keys = list(traj.state_keys) if traj.state_keys else context_keys(traj)
     if len(keys) != len(spans):
@@ -126,38 +129,53 @@ def step_metrics(trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str
     }
 
 
-class GiGPO(GRPO):
-    """GiGPO (Feng et al., 2025): GRPO's episode-level advantage plus ω times a step-level one from anchor-state groups."""
+class StepCredit(Algorithm):
+    """GiGPO's step level on top of an episode-level algorithm: `advantages` adds ω·A^S to its
+    `episode_advantages`, `finalize` adds the step metrics to its own."""
 
-    config_cls: ClassVar[type] = GiGPOConfig
     cfg: GiGPOConfig
 
-    def __init__(self, cfg: GiGPOConfig | None = None):
-        super().__init__(cfg or GiGPOConfig())
+    @abstractmethod
+    def episode_advantages(self, group: Group) -> list[torch.Tensor]:
+        """A^E, (len,) per trajectory."""
+
+    @abstractmethod
+    def step_scalars(self) -> Scalars:
+        """The group estimator that normalizes the step returns inside an anchor group (eq. 7)."""
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
-        scalars = self.estimator().scalars  # GRPO's (r - mean) / (std + eps), or r - mean
-        if self.cfg.episode_weighting == "step":
-            episode = [broadcast(t, a) for t, a in zip(group.trajectories, step_weighted_scalars(group, scalars))]
-        else:
-            episode = super().advantages(group)
-        return gigpo_advantages(group, self.cfg, episode, scalars)
+        return gigpo_advantages(group, self.cfg, self.episode_advantages(group), self.step_scalars())
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
         return {**super().finalize(batch, trajectories, reduce), **step_metrics(trajectories, reduce)}
 
 
-class TreeGiGPO(ARPO):
+class GiGPO(StepCredit, GRPO):
+    """GiGPO (Feng et al., 2025): GRPO's episode-level advantage plus ω times a step-level one from anchor-state groups."""
+
+    config_cls: ClassVar[type] = GiGPOConfig
+    cfg: GiGPOConfig
+
+    def step_scalars(self) -> Scalars:
+        return self.estimator().scalars  # GRPO's (r - mean) / (std + eps), or r - mean
+
+    def episode_advantages(self, group: Group) -> list[torch.Tensor]:
+        if self.cfg.episode_weighting == "step":
+            return [broadcast(t, a) for t, a in zip(group.trajectories, step_weighted_scalars(group, self.step_scalars()))]
+        return GRPO.advantages(self, group)
+
+
+class TreeGiGPO(StepCredit, ARPO):
     """GiGPO's step-level advantage on ARPO's trees: a branch point's continuations are one anchor group by construction."""
 
     config_cls: ClassVar[type] = TreeGiGPOConfig
     cfg: TreeGiGPOConfig
 
     def __init__(self, cfg: TreeGiGPOConfig | None = None):
-        super().__init__(cfg or TreeGiGPOConfig())
+        super().__init__(cfg or TreeGiGPOConfig())  # ARPO's own default is ARPOConfig
 
-    def advantages(self, group: Group) -> list[torch.Tensor]:
-        return gigpo_advantages(group, self.cfg, arpo_advantages(group, self.cfg), estimator_of(self.cfg).scalars)
+    def step_scalars(self) -> Scalars:
+        return estimator_of(self.cfg).scalars
 
-    def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
-        return {**super().finalize(batch, trajectories, reduce), **step_metrics(trajectories, reduce)}
+    def episode_advantages(self, group: Group) -> list[torch.Tensor]:
+        return arpo_advantages(group, self.cfg)

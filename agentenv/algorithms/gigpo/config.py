@@ -36,8 +36,8 @@ class GiGPOConfig(GRPOConfig):
             state keys (`Trajectory.state_keys`, which `AgentEnv` records as a
             hash of the context; a trajectory whose env gave none gets the same
             hash computed from its tokens): exact. `similarity`: verl-agent's
-            fallback for states that rarely repeat exactly, steps whose contexts
-            match with a `difflib` ratio >= `similarity_threshold`.
+            fallback for states that rarely repeat exactly, steps whose contexts after
+            the prompt match with a `difflib` ratio >= `similarity_threshold`.
         similarity_threshold: The ratio for `anchors: similarity`, in (0, 1)
             (verl-agent's `similarity_thresh`: 0.95 in its code, 0.9 in its search script).
         episode_weighting: Over what the episode-level mean and std (eq. 3) are

@@ -34,7 +34,8 @@ def similar_anchor_ids(states: Sequence[Sequence[int]], threshold: float) -> lis
 
     Steps are placed in order: a step joins the first group whose first member
     it matches with `difflib.SequenceMatcher(None, a, b).ratio() >= threshold`,
-    else it opens a new group. The states are token-id sequences (verl-agent
+    else it opens a new group. The states are token-id sequences (the
+    contexts after the prompt, in `GiGPO`; verl-agent
     compares observation strings; the ratio is defined alike on any sequence).
     """
     reps: list[Sequence[int]] = []
