@@ -32,6 +32,7 @@ from agentenv.registry import load_import_path
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.engine import cancel_requested, derive_seed
+from agentenv.tasks.rewards import DEFAULT_VERIFIER_TIMEOUT_S, RewardError, RewardGate
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 
@@ -64,14 +65,16 @@ class AgentRunner:
         reward_fn: `env.reward`, for agents that return their answer as a string.
         rollout: Timeouts, concurrency and the endpoint's settings.
         max_context_tokens: Most tokens of one trajectory.
+        reward_timeout_s: Time limit of scoring one episode (`env.reward_timeout_s`).
     """
 
     def __init__(self, agent: Any, chat: ChatTemplate, reward_fn: Any, rollout: RolloutConfig | None = None,
-                 max_context_tokens: int = 2048):  # fmt: skip
+                 max_context_tokens: int = 2048, reward_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S):  # fmt: skip
         from agentenv.rollout.endpoint.server import Endpoint
 
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
         self.reward_fn = reward_fn
+        self.gate = RewardGate(reward_fn, reward_timeout_s)
         self.rollout = rollout or RolloutConfig()
         cfg: EndpointConfig = self.rollout.endpoint
         self.endpoint = Endpoint(chat, cfg, max_context_tokens, self.rollout.generation_limit_s)
@@ -139,21 +142,33 @@ class AgentRunner:
                 for t in trajs:
                     t.failed, t.error, t.finish_reason, t.reward = True, error, "error", 0.0
                 return trajs
-            score, info = await self._score(result, task, trajs)
+            try:
+                score, info = await self._score(result, task, trajs)
+            except RewardError as e:  # a NaN, an inf, a score out of range: this episode fails, counted; no other
+                for t in trajs:
+                    t.failed, t.error, t.finish_reason, t.reward = True, str(e), "error", 0.0
+                    t.info["reward"] = {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
+                return trajs
             for t in trajs:
                 t.reward = score
                 t.info["reward"] = dict(info)
             return trajs
 
     async def _score(self, result: str | float, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
+        """The episode's reward through the gate: its answer scored by `env.reward`, or its own float held to that
+        reward's range. A verifier that raises or runs past its limit scores the minimum; a bad number raises.
+
+        Raises:
+            RewardError: The score is no finite number in the reward's range.
+        """
         if isinstance(result, str):
             calls: Counter[str] = Counter()
             for t in trajs:
                 calls.update(t.tool_calls)
-            r = await asyncio.to_thread(self.reward_fn, _as_answer(result), task, dict(calls))
-            return float(r.score), {"score": float(r.score), "correct": bool(getattr(r, "correct", False)),
-                                    "format_ok": bool(getattr(r, "format_ok", False)), "answer": result[:200]}  # fmt: skip
-        score = float(result)
+            r = await self.gate.score(_as_answer(result), task, dict(calls))
+            info = {"score": r.score, "correct": r.correct, "format_ok": r.format_ok, "answer": result[:200]}
+            return r.score, info if r.error is None else {**info, "error": r.error}
+        score = self.gate.check(result, "the agent's returned reward")
         return score, {"score": score, "correct": score > 0, "format_ok": True}
 
     async def run_group(self, policy: Policy, task: Task, n: int, params: SamplingParams, seed: int) -> Group:
