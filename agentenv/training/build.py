@@ -68,6 +68,7 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: 
     Raises:
         ConfigError: (`env.max_context_tokens`) with the longest prompt's task and size (and the tools' share).
     """
+    from agentenv.envs.agent_env import AgentEnv
     from agentenv.tasks.prompts import render_prompt
 
     longest, worst = 0, None
@@ -78,8 +79,9 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: 
     if worst is None:
         return
     plain, why = longest, ""
-    if make_env is not None:
-        longest = len(make_env().prompt_ids(worst))  # type: ignore[attr-defined]  # the run's env: an AgentEnv
+    env = make_env() if make_env is not None else None
+    if isinstance(env, AgentEnv):  # the run's env (make_env_factory's) renders as its reset will
+        longest = len(env.prompt_ids(worst))
         if longest > plain and tools:
             biggest = max(tools.values(), key=lambda t: len(json.dumps(tool_schema(t))))
             why = (f" ({longest - plain} of them the tools' schemas; the largest, {biggest.name!r}, is "
@@ -131,9 +133,9 @@ def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dic
                 made = start_tool(ray, name, functools.partial(part.make, config))
             else:
                 made = part.make(config)
-            made = list(made) if isinstance(made, (list, tuple)) else [made]
-            started += made
-            for tool in made:
+            these: list[Any] = list(made) if isinstance(made, (list, tuple)) else [made]
+            started += these
+            for tool in these:
                 if tool.name in out:
                     raise ConfigError(
                         f"env.tools.{name}",
