@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv._reaper import child_pids
+from agentenv._reaper import _start_time, child_pids
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
 from agentenv.tools.mcp.client import make_mcp_tools
@@ -37,11 +37,7 @@ async def close_all(tools: list) -> None:
 
 
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
+    return _start_time(pid) is not None  # alive and no zombie
 
 
 def _gone(pids, timeout_s: float = 15.0) -> bool:
