@@ -214,8 +214,10 @@ JUNK_ANSWERS: tuple[str, ...] = ("", " ", "0", "1", "-1", "0.5", "nan", "inf", "
 """Answers no verifier may pay for (besides the question itself), unless one is the task's own answer."""
 JUNK_PROBE_TASKS = 2
 """Tasks of each dataset its verifier is probed on at load."""
-_PROBE_TIMEOUT_S = 1.0
-"""Limit of one probe: a check cut off scores as wrong, so only the load's time is at stake."""
+_PROBE_BATCH_S = 20.0
+"""Limit of probing every junk answer of one task in one call; past it, each is probed alone."""
+_PROBE_TIMEOUT_S = 2.0
+"""Limit of one answer's probe: a check cut off scores as wrong, so only the load's time is at stake."""
 
 
 def verify(name: str, options: str, answer: str, entry: dict[str, Any]) -> float | None:
@@ -232,7 +234,7 @@ def verify_upstream(name: str, options: str, answer: str, entry: dict[str, Any])
     return None if score is None else float(score)
 
 
-def _verdict(task: Task, answer: str, timeout_s: float, verifier: str = "agentenv.tasks.reasoning_gym:verify") -> float:
+def _verdict(task: Task, answer: str, timeout_s: float) -> float:
     """The verifier's score of `answer` on `task`, run in the worker.
 
     Raises:
@@ -240,7 +242,7 @@ def _verdict(task: Task, answer: str, timeout_s: float, verifier: str = "agenten
         VerifierFailed: The verifier raised.
     """
     opts = json.loads(task.metadata["rg_options"])
-    score = get_worker().call(verifier, task.metadata["rg_dataset"],
+    score = get_worker().call("agentenv.tasks.reasoning_gym:verify", task.metadata["rg_dataset"],
                               json.dumps({**opts, "size": 1}, sort_keys=True), answer, task.metadata["rg_entry"],
                               timeout_s=timeout_s)  # fmt: skip
     return 0.0 if score is None else score
@@ -257,26 +259,52 @@ def _same(junk: str, answer: str) -> bool:
         return False
 
 
-def check_verifier(name: str, tasks: list[Task], verifier: str = "agentenv.tasks.reasoning_gym:verify") -> None:
+def probe(name: str, options: str, answers: list[str], entry: dict[str, Any], upstream: bool = False) -> list[float | str]:
+    """In the verifier worker: the verifier's score of each answer (`"raised"` where it raised), in one call."""
+    check = verify_upstream if upstream else verify
+    out: list[float | str] = []
+    for answer in answers:
+        try:
+            score = check(name, options, answer, entry)
+            out.append(0.0 if score is None else score)
+        except Exception:  # noqa: BLE001 - a verifier raising on junk: scored as wrong, as in training
+            out.append("raised")
+    return out
+
+
+def check_verifier(name: str, tasks: list[Task], *, upstream: bool = False) -> None:
     """Probe the dataset's verifier with junk on `tasks`: none may score 1 (a check that raises or times out
     scores as wrong, as in training; junk that ran out the time on one task is not tried on the next).
+
+    Args:
+        name: The dataset.
+        tasks: A few of its tasks.
+        upstream: Probe reasoning-gym's own `score_answer`, not agentenv's corrections (`VERIFIER_FIXES`).
 
     Raises:
         ConfigError: (`env.tasks.datasets.NAME`) A junk answer scored as correct.
     """
     slow: set[str] = set()
+    worker = get_worker()
     for task in tasks:
-        for junk in (*JUNK_ANSWERS, task.question):
-            if junk in slow or _same(junk, task.ground_truth):
-                continue
-            try:
-                score = _verdict(task, junk, _PROBE_TIMEOUT_S, verifier)
-            except VerifierTimeout:
-                slow.add(junk)
-                continue
-            except VerifierFailed:
-                continue
-            if score >= 1.0:
+        junks = [j for j in (*JUNK_ANSWERS, task.question) if j not in slow and not _same(j, task.ground_truth)]
+        opts = json.dumps({**json.loads(task.metadata["rg_options"]), "size": 1}, sort_keys=True)
+        args = (name, opts, junks, task.metadata["rg_entry"], upstream)
+        try:  # every answer in one call; a runaway one: each alone, each bounded
+            results = worker.call("agentenv.tasks.reasoning_gym:probe", *args, timeout_s=_PROBE_BATCH_S)
+        except VerifierTimeout:
+            results = []
+            for junk in junks:
+                try:
+                    results += worker.call("agentenv.tasks.reasoning_gym:probe", name, opts, [junk], args[3], upstream,
+                                           timeout_s=_PROBE_TIMEOUT_S)  # fmt: skip
+                except VerifierTimeout:
+                    slow.add(junk)
+                    results.append("timeout")
+        except VerifierFailed:
+            continue
+        for junk, score in zip(junks, results, strict=True):
+            if isinstance(score, (int, float)) and score >= 1.0:
                 shown = junk if len(junk) <= 40 else f"{junk[:20]}... ({len(junk):,} characters)"
                 what = "the question itself" if junk == task.question else repr(shown)
                 raise ConfigError(f"env.tasks.datasets.{name}", (

@@ -86,7 +86,7 @@ def test_upstream_verifiers_that_pay_for_junk_are_refused_by_name_and_ours_do_no
 
     ts = config_from_dict(env({"source": "reasoning_gym", "datasets": {dataset: {"size": 2}}, "eval_size": 0})).env.tasks.load()
     with pytest.raises(ConfigError) as e:  # reasoning-gym's own score_answer, as agentenv passed it through before
-        check_verifier(dataset, ts.train, "agentenv.tasks.reasoning_gym:verify_upstream")
+        check_verifier(dataset, ts.train, upstream=True)
     assert e.value.key == f"env.tasks.datasets.{dataset}" and "scores junk as correct" in str(e.value)
     reward = get_reward("reasoning_gym")
     for task in ts.train:  # loaded: the corrected check pays for the answer, not for junk
