@@ -75,6 +75,7 @@ async def test_a_verifier_that_raises_scores_the_minimum_and_is_trained_on(tok, 
     assert traj.info["reward"]["error"] == "verifier_raised"
 
 
+@pytest.mark.slow
 async def test_a_runaway_verifier_is_cut_off_at_the_time_limit(tok):
     task = rg_task("countdown")
     t0 = time.monotonic()

@@ -100,7 +100,7 @@ def test_a_name_collision_names_both_servers_and_stops_what_started():
 
 @pytest.mark.parametrize("depth, why", [
     (40, "nested 83 deep"),  # the client parses it; agentenv refuses it
-    (100, "nested too deep for its parser"),  # the SDK drops the message it cannot parse: the listing waits
+    pytest.param(100, "nested too deep for its parser", marks=pytest.mark.slow),  # the SDK drops it: the listing waits
     (400, "depth exceeded"),  # the server cannot even send it
 ])  # fmt: skip
 def test_a_deep_schema_is_refused_by_name_not_as_a_timeout(depth, why):
@@ -112,6 +112,7 @@ def test_a_deep_schema_is_refused_by_name_not_as_a_timeout(depth, why):
     assert _gone(child_pids() - before)
 
 
+@pytest.mark.slow
 def test_a_200kb_schema_fails_the_build_not_every_reset(tmp_path, tiny_model_path):
     from agentenv.configs import config_from_dict
     from agentenv.training.build import build_runtime
