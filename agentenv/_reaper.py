@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 TAG_VAR = "AGENTENV_REAP_TAG"
 _DISMISS = b"dismiss"
@@ -69,9 +69,9 @@ def child_pids() -> set[int]:
     return found
 
 
-def tagged_pids(tag: str) -> list[int]:
-    """Living processes whose environment holds `AGENTENV_REAP_TAG=tag` (readable ones: ours)."""
-    needle = f"{TAG_VAR}={tag}".encode()
+def tagged_pids(tag: str, var: str = TAG_VAR) -> list[int]:
+    """Living processes whose environment holds `var=tag` (`AGENTENV_REAP_TAG` by default; readable ones: ours)."""
+    needle = f"{var}={tag}".encode()
     out = []
     for pid in _pids():
         try:
@@ -177,6 +177,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_reapers)
 
 
+def end_tagged(tag: str, var: str = TAG_VAR, grace_s: float = 2.0) -> None:
+    """End now every process whose environment holds `var=tag`: SIGTERM, then SIGKILL after `grace_s`."""
+    _end(lambda: tagged_pids(tag, var), grace_s)
+
+
+def _end(alive: Callable[[], list[int]], grace_s: float) -> None:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for p in alive():
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+        end = time.monotonic() + wait_s
+        while alive() and time.monotonic() < end:
+            time.sleep(0.05)
+
+
 def _remove_containers(label: str) -> None:
     try:
         import docker
@@ -200,15 +217,7 @@ def _watch(grace_s: float, tag: str | None, label: str | None, targets: list[tup
 
     if label:
         _remove_containers(label)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        for p in alive():
-            try:
-                os.kill(p, sig)
-            except OSError:
-                pass
-        end = time.monotonic() + wait_s
-        while alive() and time.monotonic() < end:
-            time.sleep(0.1)
+    _end(alive, grace_s)
 
 
 if __name__ == "__main__":

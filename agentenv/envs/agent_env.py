@@ -16,7 +16,6 @@ scratch. The reward is non-zero only at the end.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 import uuid
@@ -212,6 +211,11 @@ class AgentEnv(gymnasium.Env):
         """
         return self._context_hash.key()
 
+    def prompt_ids(self, task: Task) -> list[int]:
+        """The prompt `reset` would start `task` with (the tools' schemas included where the format shows
+        them), without starting an episode: what a build checks against `max_context_tokens`."""
+        return list(self._format.prompt(task.messages)[1])
+
     # ---- gymnasium API --------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -392,20 +396,24 @@ class AgentEnv(gymnasium.Env):
         return as_token_array(obs or []), self._reward, terminated, truncated, out
 
     async def _score(self) -> None:
-        assert self._task is not None
-        reward_fn = self._reward_fn
-        if reward_fn is None:
-            from agentenv.tasks.rewards import arpo_reward
+        """The episode's reward, through the gate (`agentenv.tasks.rewards.RewardGate`).
 
-            reward_fn = arpo_reward
-        # In a worker thread: a symbolic math check may take seconds and must not stall other episodes.
-        r = await asyncio.to_thread(reward_fn, self.policy_text(), self._task, dict(self._tool_calls))
-        self._reward = float(r.score)
-        self._reward_info = {
-            "score": self._reward,
-            "correct": bool(getattr(r, "correct", False)),
-            "format_ok": bool(getattr(r, "format_ok", False)),
-        }
+        Raises:
+            RewardError: The score is no finite number in the reward's range: the trajectory fails, counted by kind.
+        """
+        assert self._task is not None
+        from agentenv.tasks.rewards import RewardError, RewardGate, arpo_reward
+
+        gate = RewardGate(self._reward_fn or arpo_reward, self.config.reward_timeout_s)
+        try:
+            r = await gate.score(self.policy_text(), self._task, dict(self._tool_calls))
+        except RewardError as e:
+            self._reward, self._reward_info = 0.0, {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
+            raise
+        self._reward = r.score
+        self._reward_info = {"score": self._reward, "correct": r.correct, "format_ok": r.format_ok}
+        if r.error is not None:
+            self._reward_info["error"] = r.error
 
     def policy_text(self) -> PolicyText:
         """What the policy wrote this episode: its turns, each decoded alone, as a `PolicyText`.

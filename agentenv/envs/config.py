@@ -78,6 +78,10 @@ class AgentEnvConfig:
             (`chatml_hermes`: ChatML with hermes-style tools), or a Jinja file.
         chat_template_kwargs: Extra variables for every rendering (e.g. Qwen3's
             `enable_thinking: false`).
+        reward_timeout_s: Time limit of scoring one episode. A verifier that
+            runs its check in the verifier worker (`math`, `reasoning_gym`) is
+            killed at it; an answer whose check was cut off, or whose verifier
+            raised, scores the reward's minimum (see `agentenv.tasks.rewards`).
     """
 
     env_class: str = keyed("class", "agent")
@@ -94,6 +98,7 @@ class AgentEnvConfig:
     tool_format: str = "tags"
     chat_template: str | None = None
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    reward_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         tools = self.tools
@@ -109,6 +114,7 @@ class AgentEnvConfig:
         object.__setattr__(self, "tools", {str(k): dict(v or {}) for k, v in tools.items()})
         check_number("env.max_tool_calls", self.max_tool_calls, low_ok=True, integer=True)
         check_number("env.max_context_tokens", self.max_context_tokens, low=2, low_ok=True, integer=True)
+        check_number("env.reward_timeout_s", self.reward_timeout_s)
         validate_result_fields(
             "env", self.result_template, self.truncation_marker, self.max_result_tokens, self.tool_timeout_s
         )

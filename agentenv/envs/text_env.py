@@ -43,6 +43,7 @@ from agentenv.envs.spaces import action_ids, as_token_array
 from agentenv.envs.sync import SyncRunner
 from agentenv.errors import ConfigError
 from agentenv.loader import build_dataclass
+from agentenv.tasks.rewards import RewardError, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Segment, Tokenizer, Trajectory
 
@@ -189,7 +190,7 @@ class TextEnv(ABC):
         if reply.info:
             self._env_info.update(reply.info)
         if reply.done:
-            return self._finish("done", reply.reward, reply.correct, terminated=True)
+            return self._finish("done", self._gated(reply.reward), reply.correct, terminated=True)
         if self.remaining_tokens <= 0:
             return self._finish("context", 0.0, False, truncated=True)
         content = turn_text
@@ -223,6 +224,19 @@ class TextEnv(ABC):
             raise ValueError(f"the action has {len(ids)} tokens but only {self.remaining_tokens} remain of the "
                              f"context budget (env.max_context_tokens={self.config.max_context_tokens})")  # fmt: skip
         return ids, seg
+
+    def _gated(self, reward: Any) -> float:
+        """The game's reward through the gate every reward passes (`agentenv.tasks.rewards.check_reward`): a
+        finite number (a game declares its own range), or the trajectory fails with the kind counted.
+
+        Raises:
+            RewardError: NaN, inf or not a number.
+        """
+        try:
+            return check_reward(reward, (-math.inf, math.inf), f"{type(self).__name__}'s reward")
+        except RewardError as e:
+            self._reward, self._reward_info = 0.0, {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
+            raise
 
     def _finish(self, reason: str, reward: float, correct: bool, *, terminated: bool = False,
                 truncated: bool = False) -> StepResult:  # fmt: skip

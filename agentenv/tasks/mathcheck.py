@@ -1,7 +1,7 @@
 """Math answer equality: light normalization, exact rationals, then sympy in a worker.
 
-Symbolic checks run in a separate Python process (`python -m
-agentenv.tasks._mathworker`) that is killed when a check runs past its timeout, so
+Symbolic checks run in the verifier worker (`agentenv.tasks.worker`), a
+process that is killed when a check runs past its timeout, so
 a hostile answer (`9^{9^{9^9}}`) cannot hang or exhaust training. Before any
 text reaches sympy it is converted from LaTeX to a plain expression and checked
 against a whitelist of characters and names: `parse_expr` evaluates Python, and
@@ -10,19 +10,10 @@ the model writes the answer.
 
 from __future__ import annotations
 
-import atexit
-import json
-import logging
-import os
 import re
-import select
-import subprocess
-import sys
-import threading
 from fractions import Fraction
-from typing import Any
 
-log = logging.getLogger(__name__)
+from agentenv.tasks.worker import VerifierFailed, VerifierTimeout, get_worker
 
 DEFAULT_TIMEOUT_S = 2.0
 
@@ -168,18 +159,7 @@ def to_sympy_text(latex: str) -> str | None:
     return s
 
 
-# ----------------------------------------------------------------------------- worker side
-
-
-def _limit_resources() -> None:
-    """Cap the worker's memory (2 GiB) so a huge expression fails instead of swapping the host."""
-    try:
-        import resource
-
-        cap = 2 << 30
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (ImportError, ValueError, OSError):
-        pass
+# ----------------------------------------------------------------------------- in the verifier worker
 
 
 def sympy_equal(a: str, b: str) -> bool:
@@ -214,104 +194,6 @@ def _sympy_globals() -> dict:
     import sympy
 
     return {"Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational, "Symbol": sympy.Symbol}
-
-
-def worker_main() -> None:
-    """Answer `{"a", "b"}` JSON lines on stdin with `{"equal": bool}` (or `{"error": ...}`) on stdout."""
-    _limit_resources()
-    import sympy  # noqa: F401  (warm: the first request should not pay for the import)
-
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            reply: dict[str, Any] = {"equal": bool(sympy_equal(req["a"], req["b"]))}
-        except Exception as e:  # noqa: BLE001 (any parse failure means "not shown equal")
-            reply = {"error": f"{type(e).__name__}: {e}"[:200]}
-        print(json.dumps(reply), flush=True)
-
-
-# ----------------------------------------------------------------------------- client side
-
-
-class SympyWorker:
-    """A long-lived sympy process; killed and restarted when a check times out."""
-
-    def __init__(self, start_timeout_s: float = 30.0):
-        self._proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-        self.start_timeout_s = start_timeout_s
-        self.restarts = 0
-        """How many times the worker was killed (timeouts, crashes)."""
-
-    def _start(self) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentenv.tasks._mathworker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env,
-        )  # fmt: skip
-        if self._readline(proc, self.start_timeout_s) is None:
-            self._kill(proc)
-            raise RuntimeError(f"the sympy worker ({sys.executable} -m agentenv.tasks._mathworker) did not start")
-        return proc
-
-    @staticmethod
-    def _readline(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any] | None:
-        assert proc.stdout is not None  # started with stdout=PIPE
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        if not ready:
-            return None
-        line = proc.stdout.readline()
-        return json.loads(line) if line else None
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        proc.kill()
-        proc.wait()
-        for f in (proc.stdin, proc.stdout):
-            if f:
-                f.close()
-
-    def equal(self, a: str, b: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool | None:
-        """True/False from sympy; None when it failed to decide within `timeout_s` (or crashed)."""
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
-            assert proc.stdin is not None  # started with stdin=PIPE
-            try:
-                proc.stdin.write(json.dumps({"a": a, "b": b}) + "\n")
-                proc.stdin.flush()
-                reply = self._readline(proc, timeout_s)
-            except (BrokenPipeError, OSError, ValueError):
-                reply = None
-            if reply is None:
-                log.debug("sympy check of %r vs %r gave no answer in %.1fs; worker restarted", a, b, timeout_s)
-                self._kill(proc)
-                self._proc = None
-                self.restarts += 1
-                return None
-            return reply.get("equal") if "equal" in reply else False
-
-    def close(self) -> None:
-        with self._lock:
-            if self._proc is not None:
-                self._kill(self._proc)
-                self._proc = None
-
-
-_worker: SympyWorker | None = None
-_worker_lock = threading.Lock()
-
-
-def get_worker() -> SympyWorker:
-    """The process-wide sympy worker (started on first use, killed at exit)."""
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            _worker = SympyWorker()
-            atexit.register(_worker.close)
-        return _worker
 
 
 def _split_top_level(s: str) -> list[str]:
@@ -361,5 +243,8 @@ def math_equal(pred: str, truth: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> b
     a, b = to_sympy_text(p), to_sympy_text(t)
     if a is None or b is None:
         return False
-    return get_worker().equal(a, b, timeout_s) is True
+    try:
+        return get_worker().call("agentenv.tasks.mathcheck:sympy_equal", a, b, timeout_s=timeout_s) is True
+    except (VerifierTimeout, VerifierFailed):  # not shown equal in time, or sympy could not parse it
+        return False
 

@@ -52,17 +52,22 @@ A reward of your own that reads tags should do the same (`turns_of(response)`).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import math
+import numbers
 import re
 import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
 from agentenv.tasks.mathcheck import math_equal, normalize_math, unwrap_text
 from agentenv.tasks.task import Task
+from agentenv.tasks.worker import VerifierTimeout
 from agentenv.types import turns_of
 
 FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "answer")
@@ -84,13 +89,17 @@ class RewardResult:
         format_ok: The tags and the boxed answer are in place.
         answer: The text inside the last `\\boxed{}` of the answer, None if absent.
         reason: One short phrase (a format error, or the correctness verdict).
+        error: Set by the reward gate when the verifier raised or ran past its
+            time limit (`verifier_raised`, `verifier_timeout`): the score is then
+            the reward's minimum.
     """
 
     score: float
     correct: bool
     format_ok: bool
-    answer: str | None
-    reason: str
+    answer: str | None = None
+    reason: str = ""
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +244,156 @@ def check_format(response: str) -> tuple[bool, str | None, str]:
     return True, boxed.strip(), "ok"
 
 
+# ----------------------------------------------------------------------------- the gate
+
+REWARD_ERROR_KINDS: tuple[str, ...] = ("not_a_number", "nan", "inf", "out_of_range", "verifier_raised", "verifier_timeout")
+"""Why a reward did not pass the gate, counted per step as `rollout/reward_errors/KIND`. The first four
+fail the trajectory; a verifier that raised or timed out scores the reward's minimum (wrong, not masked)."""
+DEFAULT_VERIFIER_TIMEOUT_S = 10.0
+"""The time limit of one scoring when no run config gives one (`env.reward_timeout_s`)."""
+_BACKSTOP_S = 5.0
+"""Extra seconds the gate waits for a reward function past its limit before giving up on the thread."""
+_VERIFIER_TIMEOUT: contextvars.ContextVar[float] = contextvars.ContextVar("verifier_timeout_s", default=DEFAULT_VERIFIER_TIMEOUT_S)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RewardError(Exception):
+    """A reward that cannot enter the advantage math; the trajectory fails, counted under `kind`."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+def bounded(low: float, high: float) -> Callable[[F], F]:
+    """Declare a reward function's range (a decorator): the gate fails a score outside `[low, high]`,
+    and a verifier that raises or runs past its time limit scores `low`."""
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"a reward's range needs finite low < high, got [{low}, {high}]")
+
+    def mark(fn: F) -> F:
+        fn.reward_range = (float(low), float(high))  # type: ignore[attr-defined]  # read by reward_range()
+        return fn
+
+    return mark
+
+
+def reward_range(fn: Any) -> tuple[float, float]:
+    """The range a reward function declared with `bounded` (unbounded when it declared none)."""
+    return cast(tuple[float, float], getattr(fn, "reward_range", (-math.inf, math.inf)))
+
+
+def verifier_timeout_s() -> float:
+    """The time limit of the scoring now running: a verifier that runs its check in the worker
+    (`agentenv.tasks.worker`) passes it as `timeout_s`, so a runaway check is killed, not waited for."""
+    return _VERIFIER_TIMEOUT.get()
+
+
+def check_reward(value: Any, bounds: tuple[float, float], source: str) -> float:
+    """A reward as a float, if it is a finite number within `bounds`.
+
+    Raises:
+        RewardError: `not_a_number`, `nan`, `inf` or `out_of_range`, naming `source` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardError("not_a_number", f"{source} gave {value!r} ({type(value).__name__}), not a number")
+    x = float(value)
+    if math.isnan(x):
+        raise RewardError("nan", f"{source} gave NaN")
+    if math.isinf(x):
+        raise RewardError("inf", f"{source} gave {x}")
+    low, high = bounds
+    if not low <= x <= high:
+        raise RewardError("out_of_range", f"{source} gave {x:g}, outside its range [{low:g}, {high:g}]")
+    return x
+
+
+def _raw_score(r: Any) -> Any:
+    if isinstance(r, tuple) and len(r) == 2:
+        return r[0]
+    return getattr(r, "score", r)
+
+
+def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int],
+                timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S) -> RewardResult:  # fmt: skip
+    """`fn(response, task, tool_calls)` through the gate (synchronous; the env runs it in a thread).
+
+    A verifier that raises, or that its worker cut off after `timeout_s`,
+    scores the minimum of the range `fn` declared (`error` says which); a score
+    that is not a finite number within the range raises.
+
+    Raises:
+        RewardError: The score failed the gate, or `fn` raised and declared no range (no minimum to give).
+    """
+    name = getattr(fn, "__name__", "the reward")
+    bounds = reward_range(fn)
+    token = _VERIFIER_TIMEOUT.set(timeout_s)
+    try:
+        raw = fn(response, task, tool_calls)
+    except VerifierTimeout as e:
+        return _wrong("verifier_timeout", f"{name}: {e}", bounds)
+    except Exception as e:  # noqa: BLE001 - a verifier's bug on the model's text: the answer is wrong
+        return _wrong("verifier_raised", f"{name} raised {type(e).__name__}: {e}", bounds)
+    finally:
+        _VERIFIER_TIMEOUT.reset(token)
+    score = check_reward(_raw_score(raw), bounds, name)
+    try:
+        r = as_reward_result(raw)
+    except TypeError as e:
+        raise RewardError("not_a_number", str(e)) from None
+    return r if r.score == score else replace(r, score=score)
+
+
+def _wrong(kind: str, why: str, bounds: tuple[float, float]) -> RewardResult:
+    if not math.isfinite(bounds[0]):
+        raise RewardError(kind, f"{why}; it declares no range (agentenv.tasks.rewards.bounded), so there is no "
+                                "minimum to score the answer with")  # fmt: skip
+    return RewardResult(bounds[0], False, False, None, why[:300], error=kind)
+
+
+class RewardGate:
+    """The one door every reward enters by: a reward function's score (the env's, an agent's answer) or
+    a number from elsewhere (an agent's own float) must be a finite number within the reward's range.
+
+    Args:
+        fn: The reward function (`env.reward`); its declared range (`bounded`) applies to every number.
+        timeout_s: The time limit of one scoring (`env.reward_timeout_s`).
+    """
+
+    def __init__(self, fn: Any, timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S):
+        self.fn = fn
+        self.bounds = reward_range(fn)
+        self.timeout_s = timeout_s
+
+    async def score(self, response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
+        """Score in a worker thread (a check may take seconds and must not stall other episodes).
+
+        A function that bounds none of its work runs past the limit in its
+        thread; the gate stops waiting `_BACKSTOP_S` later and scores it as a
+        timeout.
+
+        Raises:
+            RewardError: As `gated_score`.
+        """
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(gated_score, self.fn, response, task, dict(tool_calls),
+                                                            self.timeout_s), self.timeout_s + _BACKSTOP_S)  # fmt: skip
+        except TimeoutError:
+            name = getattr(self.fn, "__name__", "the reward")
+            return _wrong("verifier_timeout", f"{name} gave no score within {self.timeout_s + _BACKSTOP_S:g} s", self.bounds)
+
+    def check(self, value: Any, source: str) -> float:
+        """A number from outside a reward function (an agent's float), held to the reward's range."""
+        return check_reward(value, self.bounds, source)
+
+
+def reward_error_counts(trajectories: Sequence[Any]) -> dict[str, float]:
+    """`reward_errors/KIND` -> how many trajectories' rewards the gate stopped, every kind present (ranks sum them)."""
+    counts = Counter(t.info.get("reward", {}).get("error") for t in trajectories)
+    return {f"reward_errors/{kind}": float(counts[kind]) for kind in REWARD_ERROR_KINDS}
+
+
 # ----------------------------------------------------------------------------- reward
 
 
@@ -243,6 +402,7 @@ def _references(task: Task) -> list[str]:
     return [str(a) for a in answers] if answers else [task.ground_truth]
 
 
+@bounded(-1.0, 1.0 + MULTI_TOOL_BONUS)
 def arpo_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """ARPO's hierarchical reward of one response.
 
@@ -297,6 +457,7 @@ def _judged(response: str, task: Task, judge: Callable[[str, list[str]], tuple[f
     return RewardResult(score, correct, True, answer, reason)
 
 
+@bounded(0.0, 1.0)
 def f1_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """Token-level F1 of the answer against the best reference; correct on a normalized exact match."""
 
@@ -308,6 +469,7 @@ def f1_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Rewar
     return _judged(response, task, judge)
 
 
+@bounded(0.0, 1.0)
 def exact_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """1 when the answer matches a reference after SQuAD normalization, else 0."""
 
@@ -318,6 +480,7 @@ def exact_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> Re
     return _judged(response, task, judge)
 
 
+@bounded(0.0, 1.0)
 def math_reward(response: str, task: Task, tool_calls: Mapping[str, int]) -> RewardResult:
     """1 when the answer equals a reference (exact rationals, then sympy with a time bound), else 0."""
 
@@ -348,6 +511,7 @@ def _as_reward(fn: Any, key: str) -> Reward:
         return as_reward_result(fn(response, task, tool_calls))
 
     reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.reward_range = reward_range(fn)  # type: ignore[attr-defined]  # the gate holds every score to it
     reward.__wrapped__ = fn  # type: ignore[attr-defined]  # functools' convention: the user's function behind the adapter
     return reward
 
@@ -391,6 +555,15 @@ register_reward("reasoning_gym", "agentenv.tasks.reasoning_gym:reasoning_gym_rew
 
 
 __all__ = [
+    "REWARD_ERROR_KINDS",
+    "RewardError",
+    "RewardGate",
+    "bounded",
+    "check_reward",
+    "gated_score",
+    "reward_error_counts",
+    "reward_range",
+    "verifier_timeout_s",
     "FORMAT_TAGS",
     "MULTI_TOOL_BONUS",
     "RESULT_TAG",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from agentenv.policies.base import Policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.rollout.config import RayRolloutConfig
 from agentenv.tasks.sources import TaskSet
-from agentenv.tools.base import Tool
+from agentenv.tools.base import Tool, tool_schema
 from agentenv.types import Tokenizer
 
 _CLOSE_TIMEOUT_S = 120.0
@@ -55,15 +56,19 @@ def check_output_dir(path: str | Path) -> None:
         raise ConfigError("trainer.output_dir", f"{str(out)!r} is not writable ({e.strerror or e})") from None
 
 
-def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: int) -> None:
+def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: int, make_env: MakeEnv | None = None,
+                      tools: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Every prompt must leave the policy room in `env.max_context_tokens`.
 
     Otherwise every such episode fails at its reset, and a run whose prompts
-    are all too long would "finish" having learned nothing.
+    are all too long would "finish" having learned nothing. With `make_env`,
+    the longest task's prompt is rendered as `reset` renders it, the tools'
+    schemas included (an MCP server may list a 200 KB one).
 
     Raises:
-        ConfigError: (`env.max_context_tokens`) with the longest prompt's task and size.
+        ConfigError: (`env.max_context_tokens`) with the longest prompt's task and size (and the tools' share).
     """
+    from agentenv.envs.agent_env import AgentEnv
     from agentenv.tasks.prompts import render_prompt
 
     longest, worst = 0, None
@@ -71,12 +76,41 @@ def check_prompts_fit(tasks: TaskSet, tokenizer: Tokenizer, max_context_tokens: 
         n = len(render_prompt(tokenizer, task.messages))
         if n > longest:
             longest, worst = n, task
-    if worst is not None and longest >= max_context_tokens:
+    if worst is None:
+        return
+    plain, why = longest, ""
+    env = make_env() if make_env is not None else None
+    if isinstance(env, AgentEnv):  # the run's env (make_env_factory's) renders as its reset will
+        longest = len(env.prompt_ids(worst))
+        if longest > plain and tools:
+            biggest = max(tools.values(), key=lambda t: len(json.dumps(tool_schema(t))))
+            why = (f" ({longest - plain} of them the tools' schemas; the largest, {biggest.name!r}, is "
+                   f"{len(json.dumps(tool_schema(biggest))):,} characters: drop it from its env.tools entry)")  # fmt: skip
+    if longest >= max_context_tokens:
         raise ConfigError(
             "env.max_context_tokens",
-            f"{max_context_tokens} leaves no room for the policy: task {worst.id!r} has a {longest}-token prompt; "
-            f"raise env.max_context_tokens above {longest} plus room for the answer (policy.max_turn_tokens)",
+            f"{max_context_tokens} leaves no room for the policy: task {worst.id!r} has a {longest}-token prompt"
+            f"{why}; raise env.max_context_tokens above {longest} plus room for the answer (policy.max_turn_tokens)",
         )
+
+
+def close_tools_now(tools: list[Any]) -> None:
+    """Close prototype tools from synchronous code (a build that fails after starting them): nothing is left running."""
+    import asyncio
+    import threading
+
+    from agentenv.envs.results import close_tool
+
+    async def close_all() -> None:
+        for tool in tools:
+            try:
+                await close_tool(tool, _CLOSE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - closing after a failure: the others go anyway
+                pass
+
+    closer = threading.Thread(target=asyncio.run, args=(close_all(),), name="agentenv-close-tools")
+    closer.start()
+    closer.join()
 
 
 def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dict[str, Any]:
@@ -90,24 +124,37 @@ def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dic
     """
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
-    for name, (part, config) in cfg.tool_parts().items():
-        if ray is not None and name in ray.tools:
-            from agentenv.distributed.cluster import start_tool
+    started: list[Any] = []
+    try:
+        for name, (part, config) in cfg.tool_parts().items():
+            if ray is not None and name in ray.tools:
+                from agentenv.distributed.cluster import start_tool
 
-            made = start_tool(ray, name, functools.partial(part.make, config))
-        else:
-            made = part.make(config)
-        for tool in made if isinstance(made, (list, tuple)) else [made]:
-            if tool.name in out:
-                raise ConfigError(
-                    f"env.tools.{name}",
-                    f"makes a tool named {tool.name!r}, and so does env.tools.{source[tool.name]}: tool names must "
-                    "be unique (the model calls a tool by its name); drop one, or expose only some of an MCP "
-                    "server's tools (its `tools` list)",
-                )
-            out[tool.name] = tool
-            source[tool.name] = name
+                made = start_tool(ray, name, functools.partial(part.make, config))
+            else:
+                made = part.make(config)
+            these: list[Any] = list(made) if isinstance(made, (list, tuple)) else [made]
+            started += these
+            for tool in these:
+                if tool.name in out:
+                    raise ConfigError(
+                        f"env.tools.{name}",
+                        f"{_source(name, tool)} makes a tool named {tool.name!r}, and so does "
+                        f"{source[tool.name]}: tool names must be unique (the model calls a tool by its name); "
+                        "drop one, or expose only some of an MCP server's tools (its `tools` list)",
+                    )
+                out[tool.name] = tool
+                source[tool.name] = _source(name, tool)
+    except BaseException:
+        close_tools_now(started)  # the tools (MCP servers, sandboxes) already started
+        raise
     return out
+
+
+def _source(part: str, tool: Any) -> str:
+    """Where a tool comes from, as a config key (an MCP tool: its server's)."""
+    server = getattr(tool, "server", None)  # MCP tools name their server
+    return f"env.tools.{part}.servers.{server}" if isinstance(server, str) else f"env.tools.{part}"
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Tool], tokenizer: Tokenizer) -> MakeEnv:
@@ -184,8 +231,14 @@ def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:
     if cfg.rollout.placement == "ray":
         return _build_ray_runtime(cfg, path, tokenizer, tasks)
     tools = build_tools(cfg.env)
-    policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
     make_env = _no_episode_env(spec.name) if client_env is not None else make_env_factory(cfg.env, tools, tokenizer)
+    if client_env is None:
+        try:  # now with the tools' schemas in the prompt, as every reset will render it
+            check_prompts_fit(tasks, tokenizer, cfg.env.max_context_tokens, make_env, tools)
+        except ConfigError:
+            close_tools_now(list(tools.values()))
+            raise
+    policy = build_policy(cfg.policy.backend, cfg.backend_config, path)
     rt = Runtime(path, tokenizer, policy, tools, tasks, make_env)
     if cfg.rollout.agent is not None or client_env is not None:
         rt.agent = build_agent_runner(cfg, tokenizer, client_env)
@@ -209,7 +262,8 @@ def build_agent_runner(cfg: RunConfig, tokenizer: Tokenizer, client_env: Any = N
     agent: Any = cfg.rollout.agent
     if client_env is not None:
         agent = functools.partial(client_env.run, model=cfg.rollout.endpoint.model_name)
-    return AgentRunner(agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens)
+    return AgentRunner(agent, chat, cfg.env.reward_fn(), cfg.rollout, cfg.env.max_context_tokens,
+                       cfg.env.reward_timeout_s)  # fmt: skip
 
 
 def ray_policy_factory(cfg: RunConfig, model_path: str) -> Any:

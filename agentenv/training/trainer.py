@@ -34,6 +34,7 @@ from agentenv.policies.models import resolve_model_path
 from agentenv.rollout import derive_seed
 from agentenv.rollout.engine import failed_group
 from agentenv.rollout.toolstats import ToolStats
+from agentenv.tasks.rewards import reward_error_counts
 from agentenv.tasks.task import Task, balanced_subset
 from agentenv.training import checkpoint as ckpt
 from agentenv.training import sharding
@@ -624,6 +625,7 @@ class Trainer:
         tool_names = sorted(self.rt.tools)  # the same on every process: the keys must match to be summed
         local_tools = ToolStats.of(trajs)
         sums.update(local_tools.counts(tool_names))
+        sums.update(reward_error_counts(trajs))  # every kind, on every process: the keys must match
         keys = sorted({k for m in loss_metrics for k in m})
         for k in keys:
             sums[f"loss/{k}"] = float(sum(m.get(k, 0.0) for m in loss_metrics))
@@ -656,6 +658,7 @@ class Trainer:
             {k: v for k, v in total.items() if k.startswith(("tool_calls/", "tool_errors/"))}, local_tools.examples
         )
         out.update(self.last_tool_stats.metrics("rollout/", tool_names))
+        out.update({f"rollout/{k}": v for k, v in total.items() if k.startswith("reward_errors/")})
         return out
 
     # ------------------------------------------------------------------ eval and checkpoints

@@ -76,6 +76,22 @@ def test_a_game_that_runs_out_of_guesses_scores_zero(tiny_tokenizer):
     assert traj.reward == 0.0 and not traj.correct and traj.info["turns"] == 3
 
 
+@pytest.mark.parametrize("bad, kind", [(float("nan"), "nan"), (float("-inf"), "inf"), ("1", "not_a_number")])
+def test_a_games_reward_goes_through_the_gate(tiny_tokenizer, monkeypatch, bad, kind):
+    """A game's (or an OpenEnv server's) reward enters by the gate every reward passes: no NaN reaches the math."""
+    import guess_env
+
+    from agentenv.envs import Reply
+
+    async def respond(self, text):
+        return Reply(done=True, reward=bad, correct=True)
+
+    monkeypatch.setattr(guess_env.GuessEnv, "respond", respond)
+    _, traj = play(tiny_tokenizer, ["{secret}<|im_end|>"])
+    assert traj.failed and traj.reward == 0.0
+    assert traj.info["reward"]["error"] == kind
+
+
 def test_fork_copies_the_game_state(tiny_tokenizer):
     cfg = guess_config()
     task = cfg.env.tasks.load().train[1]

@@ -74,3 +74,45 @@ def test_two_datasets_train_two_steps_and_evaluate_per_dataset(tmp_path, tiny_mo
     assert set(report.by_kind) == {"basic_arithmetic", "leg_counting"}  # accuracy per dataset
     final = records[-1]
     assert "eval/accuracy/basic_arithmetic" in final and "eval/accuracy/leg_counting" in final
+
+
+# ----------------------------------------------------------------------------- issue 37: G3, G11
+
+
+@pytest.mark.parametrize("dataset, junk", [("game_of_life_halting", "hello"), ("coin_flip", "0"),
+                                           ("complex_arithmetic", "nan")])  # fmt: skip
+def test_upstream_verifiers_that_pay_for_junk_are_refused_by_name_and_ours_do_not_pay(dataset, junk):
+    from agentenv.tasks.reasoning_gym import check_verifier
+
+    ts = config_from_dict(env({"source": "reasoning_gym", "datasets": {dataset: {"size": 2}}, "eval_size": 0})).env.tasks.load()
+    with pytest.raises(ConfigError) as e:  # reasoning-gym's own score_answer, as agentenv passed it through before
+        check_verifier(dataset, ts.train, upstream=True)
+    assert e.value.key == f"env.tasks.datasets.{dataset}" and "scores junk as correct" in str(e.value)
+    reward = get_reward("reasoning_gym")
+    for task in ts.train:  # loaded: the corrected check pays for the answer, not for junk
+        if junk.lower() != task.ground_truth.lower():
+            assert reward(f"<answer>{junk}</answer>", task, {}).score < 1.0
+        assert reward(f"<answer>{task.ground_truth}</answer>", task, {}).score == 1.0
+
+
+@pytest.mark.parametrize("tasks, key", [
+    ({"datasets": {"leg_counting": {}}, "seed": "abc"}, "env.tasks.seed"),
+    ({"datasets": {"leg_counting": {}}, "seed": None}, "env.tasks.seed"),
+    ({"datasets": {"leg_counting": {"seed": "abc"}}}, "env.tasks.datasets.leg_counting.seed"),
+    ({"datasets": {"leg_counting": {"seed": None}}}, "env.tasks.datasets.leg_counting.seed"),
+])  # fmt: skip
+def test_a_seed_that_is_no_integer_is_a_config_error_naming_key_and_value(tasks, key):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(env({"source": "reasoning_gym", **tasks})).env.tasks.load()
+    assert e.value.key == key and repr(tasks.get("seed", tasks["datasets"]["leg_counting"].get("seed"))) in str(e.value)
+
+
+def test_a_held_out_set_smaller_than_asked_is_one_warning_with_the_numbers(caplog):
+    small = {"size": 50, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+    cfg = config_from_dict(env({"source": "reasoning_gym", "datasets": {"basic_arithmetic": small}, "eval_size": 50}))
+    with caplog.at_level("WARNING", logger="agentenv.tasks.reasoning_gym"):
+        ts = cfg.env.tasks.load()
+    kept = len(ts.heldout)
+    assert kept < 50
+    (line,) = [r.getMessage() for r in caplog.records if "held-out" in r.getMessage()]
+    assert f"{kept} held-out tasks of the 50 asked" in line and "basic_arithmetic" in line and "\n" not in line

@@ -22,6 +22,7 @@ train it: a run config with `rollout.agent` and such an algorithm is refused.
 from __future__ import annotations
 
 import asyncio
+import math
 import inspect
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from agentenv.registry import load_import_path
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.engine import cancel_requested, derive_seed
-from agentenv.tasks.rewards import Scored
+from agentenv.tasks.rewards import DEFAULT_VERIFIER_TIMEOUT_S, RewardError, RewardGate, Scored, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
 
@@ -69,14 +70,16 @@ class AgentRunner:
         reward_fn: `env.reward`, for agents that return their answer as a string.
         rollout: Timeouts, concurrency and the endpoint's settings.
         max_context_tokens: Most tokens of one trajectory.
+        reward_timeout_s: Time limit of scoring one episode (`env.reward_timeout_s`).
     """
 
     def __init__(self, agent: Any, chat: ChatTemplate, reward_fn: Any, rollout: RolloutConfig | None = None,
-                 max_context_tokens: int = 2048):  # fmt: skip
+                 max_context_tokens: int = 2048, reward_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S):  # fmt: skip
         from agentenv.rollout.endpoint.server import Endpoint
 
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
         self.reward_fn = reward_fn
+        self.gate = RewardGate(reward_fn, reward_timeout_s)
         self.rollout = rollout or RolloutConfig()
         cfg: EndpointConfig = self.rollout.endpoint
         self.endpoint = Endpoint(chat, cfg, max_context_tokens, self.rollout.generation_limit_s)
@@ -145,26 +148,41 @@ class AgentRunner:
                 for t in trajs:
                     t.failed, t.error, t.finish_reason, t.reward = True, error, "error", 0.0
                 return trajs
-            score, info = await self._score(result, task, trajs)
+            try:
+                score, info = await self._score(result, task, trajs)
+            except RewardError as e:  # a NaN, an inf, a score out of range: this episode fails, counted; no other
+                for t in trajs:
+                    t.failed, t.error, t.finish_reason, t.reward = True, str(e), "error", 0.0
+                    t.info["reward"] = {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
+                return trajs
             for t in trajs:
                 t.reward = score
                 t.info["reward"] = dict(info)
             return trajs
 
     async def _score(self, result: str | float | Scored, task: Task, trajs: list[Trajectory]) -> tuple[float, dict[str, Any]]:
+        """The episode's reward through the gate: its answer scored by `env.reward`, its own float held to that
+        reward's range, or an environment's own score (a verifiers rubric) and each of its parts held to be finite.
+        A verifier that raises or runs past its limit scores the minimum; a bad number raises.
+
+        Raises:
+            RewardError: The score is no finite number in the reward's range.
+        """
         if isinstance(result, Scored):
-            for name, value in result.parts.items():
+            unbounded = (-math.inf, math.inf)  # the environment's own reward: its range is its own
+            parts = {name: check_reward(v, unbounded, f"the reward function {name!r}") for name, v in result.parts.items()}
+            score = check_reward(result.score, unbounded, "the environment's reward")
+            for name, value in parts.items():
                 self._parts.setdefault(name, []).append(value)
-            return result.score, {"score": result.score, "correct": result.correct, "format_ok": True,
-                                  "parts": dict(result.parts)}  # fmt: skip
+            return score, {"score": score, "correct": result.correct, "format_ok": True, "parts": parts}
         if isinstance(result, str):
             calls: Counter[str] = Counter()
             for t in trajs:
                 calls.update(t.tool_calls)
-            r = await asyncio.to_thread(self.reward_fn, _as_answer(result), task, dict(calls))
-            return float(r.score), {"score": float(r.score), "correct": bool(getattr(r, "correct", False)),
-                                    "format_ok": bool(getattr(r, "format_ok", False)), "answer": result[:200]}  # fmt: skip
-        score = float(result)
+            r = await self.gate.score(_as_answer(result), task, dict(calls))
+            info = {"score": r.score, "correct": r.correct, "format_ok": r.format_ok, "answer": result[:200]}
+            return r.score, info if r.error is None else {**info, "error": r.error}
+        score = self.gate.check(result, "the agent's returned reward")
         return score, {"score": score, "correct": score > 0, "format_ok": True}
 
     async def run_group(self, policy: Policy, task: Task, n: int, params: SamplingParams, seed: int) -> Group:

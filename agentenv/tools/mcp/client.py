@@ -9,8 +9,18 @@ the MCP SDK's sessions stay on the task that opened them. Per call:
   with several gets a JSON object (as the hermes format writes it);
 - malformed arguments, an error the tool reports, and a call past
   `call_timeout_s` are results the model reads (`ok=False`), never exceptions;
-- a server that died (its process exited, its connection closed) or hung is
-  restarted, and the call that found it so gets an error result saying so.
+- a server that died or hung is restarted, and the call that found it so gets
+  an error result saying so. Only transport evidence counts: the session ended,
+  a call ran past its limit, or the server no longer answers a ping after a
+  call failed. An error's words never do (a tool's "connection closed" is its
+  own error; restarting the shared server for it killed other episodes' calls);
+- schemas are taken as JSON Schema allows: a boolean sub-schema (`true`: any
+  value) is a value passed as the model wrote it; a tool whose schema nests
+  deeper than `MAX_SCHEMA_DEPTH` is refused when the servers start, by name.
+
+Every server process carries the tool set's reaper tag (`agentenv._reaper`):
+what a server starts is ended when the server stops (it may exit cleanly and
+leave children), and everything when the run ends, by SIGKILL too.
 
 A stateless server (the default) is one process for every episode: `fork()`
 returns the tool itself. A stateful one (`stateful: true`) gets a process per
@@ -26,14 +36,22 @@ import json
 import os
 import threading
 import time
+import uuid
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
+from agentenv._reaper import TAG_VAR, Reaper, end_tagged
 from agentenv.errors import ConfigError, ToolError
 from agentenv.tools.mcp.config import MCPConfig, MCPServerConfig
 from agentenv.types import ToolErrorKind, ToolResult
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+SERVER_VAR = "AGENTENV_MCP_SERVER"
+"""Environment variable naming the server process a process was started under (its children inherit it)."""
+MAX_SCHEMA_DEPTH = 64
+"""Deepest nesting of a tool's input schema a server may list (a 400-deep one is refused at start, by name)."""
+_PING_TIMEOUT_S = 10.0
+"""How long a server has to answer the ping that decides, after a failed call, whether it is still there."""
 
 
 class MCPHub:
@@ -64,16 +82,19 @@ class ServerProcess:
     `restarts` counts the times it was started again after dying or hanging.
     """
 
-    def __init__(self, name: str, config: MCPServerConfig, hub: MCPHub):
+    def __init__(self, name: str, config: MCPServerConfig, hub: MCPHub, tag: str | None = None):
         self.name = name
         self.config = config
         self.hub = hub
+        self.tag = tag  # the tool set's reaper tag: the process and its children end with the run
+        self.uid = uuid.uuid4().hex  # marks this server's process and its children (SERVER_VAR)
         self.session: Any = None
         self.restarts = 0
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
         self.generation = 0  # starts so far: a failed call restarts only the session it used
+        self.transport_error: Exception | None = None  # the last message the client could not parse, if any
 
     async def _hold(self, ready: asyncio.Future) -> None:
         from mcp import ClientSession
@@ -93,12 +114,14 @@ class ServerProcess:
                     from mcp.client.stdio import stdio_client
 
                     command = cast(str, self.config.command)  # no url: the config requires a command
-                    params = StdioServerParameters(command=command, args=list(self.config.args),
-                                                   env={**_base_env(), **dict(self.config.env)} if self.config.env else None,
+                    env = {**_base_env(), **dict(self.config.env), SERVER_VAR: self.uid}
+                    if self.tag is not None:
+                        env[TAG_VAR] = self.tag
+                    params = StdioServerParameters(command=command, args=list(self.config.args), env=env,
                                                    cwd=self.config.cwd)  # fmt: skip
                     errlog = stack.enter_context(open(os.devnull, "w"))
                     read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
                 await session.initialize()
                 self.session = session
                 if not ready.done():
@@ -112,6 +135,13 @@ class ServerProcess:
         finally:
             self.session = None
 
+    async def _on_message(self, message: Any) -> None:
+        """The session's notifications and transport errors: keep the last error (a message the SDK could not
+        parse and dropped, so the request it answered waits until its limit)."""
+        if isinstance(message, Exception):
+            self.transport_error = message
+        await asyncio.sleep(0)
+
     async def start(self) -> None:
         """Start the server and open its session (on the hub's loop)."""
         self.generation += 1
@@ -122,7 +152,9 @@ class ServerProcess:
         except Exception as e:
             await self.stop()
             what = f"url {self.config.url}" if self.config.url else f"command {self.config.command!r}"
-            raise ToolError(f"MCP server {self.name!r} ({what}) did not start: {type(e).__name__}: {_cause(e)}") from e
+            why = (f"no answer to the MCP handshake within startup_timeout_s={self.config.startup_timeout_s:g} s"
+                   if isinstance(e, TimeoutError) else f"{type(e).__name__}: {_cause(e)}")  # fmt: skip
+            raise ToolError(f"MCP server {self.name!r} ({what}) did not start: {why}") from e
 
     async def stop(self) -> None:
         holder, self._holder = self._holder, None
@@ -138,6 +170,8 @@ class ServerProcess:
                 await holder
             except BaseException:  # noqa: BLE001 - the cancelled session's own error: it is going anyway
                 pass
+        if self.config.command is not None:  # what the server started (and the server, if it lingers) ends with it
+            await asyncio.to_thread(end_tagged, self.uid, SERVER_VAR)
 
     async def restart(self) -> None:
         await self.stop()
@@ -167,13 +201,26 @@ class ServerProcess:
             return _failed(f"Error: the {tool} call timed out after {timeout_s:g} s (the server was restarted).",
                            "timeout", t0, "timeout")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a closed connection, a dead process, a protocol error
-            dead = self._holder is None or self._holder.done() or _is_disconnect(e)
-            if dead:
+            if await self._gone(used):
                 await self._recover(used)
                 return _failed(f"Error: the {self.name} MCP server failed during the {tool} call "
                                f"({type(e).__name__}: {_cause(e)}); it was restarted.", "server_died", t0, "error")  # fmt: skip
             return _failed(f"Error: {tool}: {_cause(e)}", "mcp_error", t0, "error")
         return _as_result(res, time.perf_counter() - t0)
+
+    async def _gone(self, used: int) -> bool:
+        """Whether the session a failed call used is gone: ended, replaced, or no longer answering a ping.
+
+        Transport evidence only: the failed call's message is never read (a tool
+        may say "connection closed" about its own upstream).
+        """
+        if self._holder is None or self._holder.done() or self.generation != used or self.session is None:
+            return True
+        try:
+            await asyncio.wait_for(self.session.send_ping(), min(_PING_TIMEOUT_S, self.config.startup_timeout_s))
+        except Exception:  # noqa: BLE001 - any failure to answer a ping: the connection is gone
+            return True
+        return False
 
     async def _recover(self, used: int) -> None:
         """Restart the server, unless a concurrent call already restarted the session this one used."""
@@ -191,11 +238,6 @@ def _base_env() -> dict[str, str]:
     from mcp.client.stdio import get_default_environment
 
     return get_default_environment()
-
-
-def _is_disconnect(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in ("closed", "connection", "brokenresource", "endofstream", "broken pipe", "eof"))
 
 
 def _cause(e: BaseException) -> str:
@@ -229,7 +271,11 @@ def _as_result(res: Any, latency: float) -> ToolResult:
 
 
 # --------------------------------------------------------------------------- arguments
-def _coerce(value: str, schema: dict[str, Any]) -> Any:
+def _coerce(value: str, schema: Any) -> Any:
+    if schema is False:
+        raise ValueError("its schema accepts no value")
+    if not isinstance(schema, dict):  # `true` (JSON Schema: any value) or anything else that is no object schema
+        return value
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), None)
@@ -253,7 +299,8 @@ def arguments_of(query: str, schema: dict[str, Any], tool: str) -> dict[str, Any
     Raises:
         ValueError: A message the model can read.
     """
-    props = schema.get("properties") or {}
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
     if len(props) == 1:
         (name,) = props
         stripped = query.strip()
@@ -267,7 +314,8 @@ def arguments_of(query: str, schema: dict[str, Any], tool: str) -> dict[str, Any
         try:
             return {name: _coerce(query, props[name])}
         except (ValueError, json.JSONDecodeError) as e:
-            raise ValueError(f"{tool}'s argument {name!r} must be {props[name].get('type', 'text')}: {e}") from None
+            kind = props[name].get("type", "text") if isinstance(props[name], dict) else "text"
+            raise ValueError(f"{tool}'s argument {name!r} must be {kind}: {e}") from None
     if not props:
         return {}
     try:
@@ -276,7 +324,8 @@ def arguments_of(query: str, schema: dict[str, Any], tool: str) -> dict[str, Any
         raise ValueError(f"{tool} takes a JSON object of its arguments ({', '.join(props)}): {e.msg}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{tool} takes a JSON object of its arguments ({', '.join(props)})")
-    missing = [k for k in schema.get("required") or [] if k not in obj]
+    required = schema.get("required")
+    missing = [k for k in (required if isinstance(required, list) else []) if k not in obj]
     if missing:
         raise ValueError(f"{tool} needs the argument {missing[0]!r}")
     return obj
@@ -286,8 +335,8 @@ def arguments_of(query: str, schema: dict[str, Any], tool: str) -> dict[str, Any
 class _Episodes:
     """Hands out a stateful server's per-episode processes: the tools forked by one `reset` share one."""
 
-    def __init__(self, name: str, config: MCPServerConfig, hub: MCPHub, tool_names: list[str]):
-        self.name, self.config, self.hub = name, config, hub
+    def __init__(self, name: str, config: MCPServerConfig, hub: MCPHub, tool_names: list[str], tag: str | None):
+        self.name, self.config, self.hub, self.tag = name, config, hub, tag
         self.tool_names = set(tool_names)
         self._open: dict[Any, tuple[ServerProcess, set[str]]] = {}
 
@@ -298,7 +347,7 @@ class _Episodes:
             key = None
         held = self._open.get(key)
         if held is None or tool in held[1]:
-            held = (ServerProcess(self.name, self.config, self.hub), set())
+            held = (ServerProcess(self.name, self.config, self.hub, self.tag), set())
             self._open[key] = held
         held[1].add(tool)
         shared = SharedProcess.of(held[0])
@@ -398,6 +447,7 @@ class MCPToolSet:
 
     def __init__(self, config: MCPConfig):
         self.config = config
+        self.reaper = Reaper(tag=True)  # armed before any server starts: they and their children end with the run
         self.hub = MCPHub()
         self.processes: dict[str, ServerProcess] = {}
         self.tools: list[MCPTool] = []
@@ -405,16 +455,23 @@ class MCPToolSet:
 
     def start(self) -> list[MCPTool]:
         """Start each server, list its tools (a stateful server's first process only lists them)."""
+        source: dict[str, str] = {}  # tool name -> the server that lists it
         for name, spec in self.config.servers.items():
-            proc = ServerProcess(name, spec, self.hub)
+            proc = ServerProcess(name, spec, self.hub, self.reaper.tag)
             try:
                 self.hub.run(proc.start(), spec.startup_timeout_s + 10)
                 listed = self.hub.run(proc.list_tools(), spec.startup_timeout_s)
             except ToolError as e:
                 raise ConfigError(f"env.tools.mcp.servers.{name}", str(e)) from None
             except Exception as e:  # noqa: BLE001 - listing failed: say which server
-                raise ConfigError(f"env.tools.mcp.servers.{name}", f"listing its tools failed: {type(e).__name__}: "
-                                                                   f"{_cause(e)}") from None  # fmt: skip
+                why = f"{type(e).__name__}: {_cause(e)}"
+                if isinstance(e, TimeoutError):
+                    why = f"no answer within startup_timeout_s={spec.startup_timeout_s:g} s"
+                    if proc.transport_error is not None:
+                        why += (f"; the MCP client could not parse a message from the server and dropped it "
+                                f"({type(proc.transport_error).__name__}: {_cause(proc.transport_error).splitlines()[0]}): "
+                                "a tool schema nested too deep for its parser does this")  # fmt: skip
+                raise ConfigError(f"env.tools.mcp.servers.{name}", f"listing its tools failed: {why}") from None
             wanted = set(spec.tools) if spec.tools is not None else None
             chosen = [t for t in listed if wanted is None or t.name in wanted]
             if wanted is not None and wanted - {t.name for t in listed}:
@@ -423,13 +480,25 @@ class MCPToolSet:
             episodes = None
             if spec.stateful:
                 self.hub.run(proc.stop(), 10)  # the listing process; episodes get their own
-                episodes = _Episodes(name, spec, self.hub, [t.name for t in chosen])
+                episodes = _Episodes(name, spec, self.hub, [t.name for t in chosen], self.reaper.tag)
             else:
                 self.processes[name] = proc
             for t in chosen:
+                key = f"env.tools.mcp.servers.{name}"
                 if not t.name or not set(t.name) <= _NAME_CHARS:
-                    raise ConfigError(f"env.tools.mcp.servers.{name}", f"tool name {t.name!r} cannot be a tool tag")
-                schema = dict(t.input_schema if hasattr(t, "input_schema") else t.inputSchema) or {"type": "object"}
+                    raise ConfigError(key, f"tool name {t.name!r} cannot be a tool tag")
+                if t.name in source:
+                    raise ConfigError(key, f"lists a tool named {t.name!r}, and so does env.tools.mcp.servers."
+                                           f"{source[t.name]}: tool names must be unique (the model calls a tool by "
+                                           "its name); expose only some of one server's tools (its `tools` list)")  # fmt: skip
+                source[t.name] = name
+                raw = t.input_schema if hasattr(t, "input_schema") else t.inputSchema
+                schema = dict(raw) if isinstance(raw, dict) and raw else {"type": "object"}
+                depth = schema_depth(schema)
+                if depth > MAX_SCHEMA_DEPTH:
+                    raise ConfigError(key, f"tool {t.name!r} has an input schema nested {depth} deep (at most "
+                                           f"{MAX_SCHEMA_DEPTH}): no model can be shown it; drop the tool from the "
+                                           "server's `tools` list")  # fmt: skip
                 self.tools.append(MCPTool(t.name, t.description or f"The {t.name} tool of the {name} MCP server.",
                                           schema, name, self, None if spec.stateful else proc, episodes))  # fmt: skip
         self._open = len(self.tools)
@@ -452,14 +521,32 @@ class MCPToolSet:
     async def aclose(self) -> None:
         await self.hub.call(self.aclose_servers())
         self.hub.stop()
+        await asyncio.to_thread(self.reaper.release)  # what the servers left behind
+
+
+def schema_depth(schema: Any) -> int:
+    """How deep a JSON value nests (objects and arrays), counted without recursion."""
+    deepest, stack = 0, [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 def make_mcp_tools(config: MCPConfig) -> list[MCPTool]:
-    """The `mcp` tool's factory: the prototypes of every tool of every configured server."""
+    """The `mcp` tool's factory: the prototypes of every tool of every configured server.
+
+    Raises:
+        ConfigError: A server did not start or list its tools, two servers list one tool name, or a tool's
+            schema cannot be shown; the servers already started are stopped first.
+    """
     toolset = MCPToolSet(config)
     try:
         return toolset.start()
     except BaseException:
         toolset.hub.run(toolset.aclose_servers(), 30)
         toolset.hub.stop()
+        toolset.reaper.release()
         raise

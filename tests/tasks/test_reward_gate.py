@@ -1,0 +1,159 @@
+"""The reward gate: every reward, from any source, is a finite number in its reward's range or the trajectory
+fails, counted by kind; a verifier that raises or runs away scores the minimum and costs no other episode.
+
+The verifiers are reasoning-gym's own, on the answers that broke them (issue 37: boxnet on "0", prime_factorization
+on "-inf" raise; countdown on "1e999999" ran 65 s), driven through a real AgentEnv and the real endpoint."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import pytest
+
+from agentenv.configs import config_from_dict
+from agentenv.envs import AgentEnv
+from agentenv.envs.chat import ChatTemplate
+from agentenv.envs.testing import make_task
+from agentenv.policies.scripted import ScriptedPolicy
+from agentenv.rollout import run_episode
+from agentenv.rollout.endpoint.agent import AgentRunner
+from agentenv.rollout.engine import RolloutConfig
+from agentenv.tasks.rewards import (
+    REWARD_ERROR_KINDS,
+    RewardError,
+    check_reward,
+    get_reward,
+    reward_error_counts,
+)
+from agentenv.types import SamplingParams
+
+PARAMS = SamplingParams(max_tokens=200)
+
+
+def rg_task(dataset: str, **opts):
+    tasks = {"source": "reasoning_gym", "datasets": {dataset: {"size": 1, **opts}}, "eval_size": 0}
+    return config_from_dict({"env": {"tools": {}, "reward": "reasoning_gym", "tasks": tasks}}).env.tasks.load().train[0]
+
+
+async def episode(tok, answer: str, task, reward_fn, **cfg):
+    env = AgentEnv([], tok, reward_fn=reward_fn, config={"max_context_tokens": 4096, **cfg})
+    return await run_episode(ScriptedPolicy(tok, [f"<answer>{answer}</answer>"]), env, task, PARAMS, seed=0)
+
+
+@pytest.mark.parametrize("value, kind", [
+    (float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "inf"), (1.5, "out_of_range"), (-2.0, "out_of_range"),
+    ("1.0", "not_a_number"), (None, "not_a_number"), (True, "not_a_number"),
+])  # fmt: skip
+def test_the_gate_names_what_is_wrong_with_a_number(value, kind):
+    with pytest.raises(RewardError) as e:
+        check_reward(value, (0.0, 1.0), "the reward")
+    assert e.value.kind == kind and kind in REWARD_ERROR_KINDS
+    assert check_reward(1, (0.0, 1.0), "the reward") == 1.0
+
+
+@pytest.mark.parametrize("score, kind", [(float("nan"), "nan"), (float("inf"), "inf"), (7.0, "out_of_range")])
+async def test_an_env_reward_that_is_no_finite_number_in_range_fails_its_trajectory_counted(tok, score, kind):
+    from agentenv.tasks.rewards import bounded
+
+    @bounded(0.0, 1.0)
+    def broken(response, task, tool_calls):
+        return score, True
+
+    traj = await episode(tok, "42", make_task(), broken)
+    assert traj.failed and kind in traj.error and traj.reward == 0.0 and sum(traj.loss_mask) == 0
+    assert traj.info["reward"]["error"] == kind
+    assert reward_error_counts([traj])[f"reward_errors/{kind}"] == 1.0
+
+
+@pytest.mark.parametrize("dataset, junk", [("boxnet", "0"), ("prime_factorization", "-inf")])
+async def test_a_verifier_that_raises_scores_the_minimum_and_is_trained_on(tok, dataset, junk):
+    task = rg_task(dataset)
+    traj = await episode(tok, junk, task, get_reward("reasoning_gym"), reward_timeout_s=120.0)  # a loaded machine
+    assert not traj.failed, traj.error  # the wrong answer is trained on, not masked
+    assert traj.reward == 0.0 and not traj.correct and sum(traj.loss_mask) > 0
+    assert traj.info["reward"]["error"] == "verifier_raised"
+
+
+@pytest.mark.slow
+async def test_a_runaway_verifier_is_cut_off_at_the_time_limit(tok):
+    task = rg_task("countdown")
+    t0 = time.monotonic()
+    traj = await episode(tok, "1e999999", task, get_reward("reasoning_gym"), reward_timeout_s=1.0)
+    took = time.monotonic() - t0
+    assert not traj.failed and traj.reward == 0.0 and traj.info["reward"]["error"] == "verifier_timeout"
+    assert took < 45.0, took  # the worker is killed at 1 s (it ran 65 s unbounded); the rest is its restart on a loaded CPU
+    right = await episode(tok, task.ground_truth, task, get_reward("reasoning_gym"))
+    assert right.reward == 1.0  # a fresh worker answers
+
+
+_episodes = itertools.count()
+
+
+async def nan_once_agent(client, task) -> float:
+    """Asks once, then returns NaN in its first episode and 1.0 in the others."""
+    await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    return float("nan") if next(_episodes) == 0 else 1.0
+
+
+async def answer_agent(client, task) -> str:
+    """Returns the model's reply as its answer (scored by env.reward)."""
+    resp = await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    return resp.choices[0].message.content or ""
+
+
+async def test_an_agents_nan_fails_its_episode_only_and_the_advantages_stay_finite(tok):
+    from agentenv.algorithms import get_algorithm
+
+    global _episodes
+    _episodes = itertools.count()
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(nan_once_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
+    finally:
+        await runner.aclose()
+    bad = [t for t in group if t.failed]
+    assert len(bad) == 1 and "nan" in bad[0].error and bad[0].info["reward"]["error"] == "nan"
+    assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
+    assert reward_error_counts(list(group))["reward_errors/nan"] == 1.0
+    adv = get_algorithm("grpo")().advantages(group)  # the failed trajectory is masked, and no NaN reaches the math
+    assert all(bool(a.isfinite().all()) for a in adv)
+
+
+async def scored_nan_part_agent(client, task):
+    """An environment's own score (a verifiers rubric) with one part NaN in its first episode."""
+    from agentenv.tasks.rewards import Scored
+
+    await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    first = next(_episodes) == 0
+    return Scored(score=1.0, correct=True, parts={"format": math.nan if first else 1.0, "answer": 1.0})
+
+
+async def test_a_rubrics_nan_part_fails_its_episode_only(tok):
+    global _episodes
+    _episodes = itertools.count()
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(scored_nan_part_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
+        parts = runner.metrics()
+    finally:
+        await runner.aclose()
+    bad = [t for t in group if t.failed]
+    assert len(bad) == 1 and bad[0].info["reward"]["error"] == "nan" and "'format'" in bad[0].error
+    assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
+    assert parts["rollout/reward_part/format"] == 1.0  # the NaN never reached the logged mean
+
+
+async def test_an_agents_answer_whose_verifier_raises_scores_the_minimum_and_the_group_goes_on(tok):
+    task = rg_task("boxnet")
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(answer_agent, chat, get_reward("reasoning_gym"), RolloutConfig(), 4096, reward_timeout_s=120.0)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "0"), task, 2, PARAMS, seed=0)
+    finally:
+        await runner.aclose()
+    assert len(group) == 2 and not any(t.failed for t in group), [t.error for t in group]
+    assert all(t.reward == 0.0 and t.info["reward"]["error"] == "verifier_raised" for t in group)
