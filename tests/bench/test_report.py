@@ -148,3 +148,27 @@ def test_control_must_be_a_later_variant():
         bench_config_from_dict({"control": "z", "variants": {"a": {}, "b": {}}})
     with pytest.raises(ConfigError, match="control.*'a' is the first variant"):
         bench_config_from_dict({"control": "a", "variants": {"a": {}, "b": {}}})
+
+
+def test_report_only_rewrites_the_report_from_runs_an_older_config_made(tmp_path):
+    """`bench --report-only` reads every finished run whatever config made it (no retraining), and names a
+    missing one."""
+    from agentenv.bench.runner import RUN_FILE, report_only
+    from agentenv.errors import ConfigError
+
+    bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "variants": {"a": {}, "b": {}}})
+    for v in ("a", "b"):
+        for s in (0, 1, 2):
+            r = _run(tmp_path, v, s)
+            (r.output_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r.records))
+            (r.output_dir / "eval.json").write_text(json.dumps(r.eval))
+            meta = {"variant": v, "seed": s, "wall_s": 60.0, "probe_s": 30.0, "config": {"from": "older code"}}
+            (r.output_dir / RUN_FILE).write_text(json.dumps(meta))
+    result = report_only(bench)
+    assert [(r.variant, r.seed) for r in result.runs] == [(v, s) for v in ("a", "b") for s in (0, 1, 2)]
+    md = (tmp_path / "results.md").read_text()
+    assert md == result.markdown and "+0.050 [0.025, 0.075] *" in md
+    assert "anchors 71%, A^S std 0.80" in md
+    (tmp_path / "runs" / "b" / "seed1" / RUN_FILE).unlink()
+    with pytest.raises(ConfigError, match=f"no finished run .*{tmp_path / 'runs' / 'b' / 'seed1'}"):
+        report_only(bench)
