@@ -173,12 +173,15 @@ def bench(
     config: Path = typer.Argument(..., help="Benchmark config, e.g. configs/bench/toy_grpo_vs_arpo.yaml"),
     overrides: list[str] | None = typer.Argument(None, help="dotted.key=value overrides"),
     plan: bool = typer.Option(False, "--plan", help="Print the plan and the estimated wall time; run nothing."),
+    report_only: bool = typer.Option(
+        False, "--report-only", help="Train nothing: write the tables and plots again from the finished runs."
+    ),
 ) -> None:
     """Train several algorithms side by side on the same seeds and tasks; write tables and plots."""
     from agentenv.bench import run_benchmark
 
     try:
-        run_benchmark(config, overrides or [], plan_only=plan)
+        run_benchmark(config, overrides or [], plan_only=plan, report=report_only)
     except AgentEnvError as e:
         _fail(e)
 

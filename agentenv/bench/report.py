@@ -55,6 +55,11 @@ ROLLOUT_METRICS = (
     ("arpo_delta_h_at_branch", "arpo/delta_h_at_branch"),
     ("arpo_branch_share_of_tools", "arpo/branch_share_of_tools"),
     ("arpo_budget_out", "arpo/budget_out"),
+    # GiGPO's anchor groups and step-level advantage (`agentenv.algorithms.gigpo.algorithm.step_metrics`)
+    ("gigpo_steps", "train/gigpo/steps"),
+    ("gigpo_anchor_share", "train/gigpo/anchor_share"),
+    ("gigpo_step_adv_std", "train/gigpo/step_adv_std"),
+    ("gigpo_step_adv_abs_mean", "train/gigpo/step_adv_abs_mean"),
 )
 
 # positions after a tool result that the table's entropy column averages
@@ -218,21 +223,36 @@ def _ratio(x: float, ref: float) -> str:
     return f" ({x / ref:.2f}x)" if ref and math.isfinite(x) and math.isfinite(ref) else ""
 
 
+def _mean_cell(r: VariantRow, stem: str, fmt: str) -> str:
+    s = r.rollout[stem]
+    return fmt.format(s.mean) if s.n else "n/a"
+
+
 def tree_cell(r: VariantRow) -> str:
     """What ARPO's trees did, in one cell: branches per tree, branch points per trajectory, mean ΔH after a
     tool result / at the branch points, the share of tool results spent on branches, trees whose budget ran out."""
-    ro = r.rollout
-    if ro["arpo_branches_per_tree"].n == 0:
+    if r.rollout["arpo_branches_per_tree"].n == 0:
         return "—"
 
     def v(stem: str, fmt: str) -> str:
-        s = ro[stem]
-        return fmt.format(s.mean) if s.n else "n/a"
+        return _mean_cell(r, stem, fmt)
 
     return (
         f"{v('arpo_branches_per_tree', '{:.1f}')} br/tree, {v('arpo_branch_points_per_traj', '{:.2f}')} bp/traj, "
         f"ΔH {v('arpo_delta_h_after_tool', '{:+.3f}')} / {v('arpo_delta_h_at_branch', '{:+.3f}')}, "
         f"{v('arpo_branch_share_of_tools', '{:.0%}')} of calls, out {v('arpo_budget_out', '{:.0%}')}"
+    )
+
+
+def anchor_cell(r: VariantRow) -> str:
+    """What GiGPO's anchor groups did, in one cell: the share of steps in an anchor group of size > 1, and the
+    step-level advantage's std and mean |A^S| over steps."""
+    if r.rollout["gigpo_anchor_share"].n == 0:
+        return "—"
+    return (
+        f"anchors {_mean_cell(r, 'gigpo_anchor_share', '{:.0%}')}, "
+        f"A^S std {_mean_cell(r, 'gigpo_step_adv_std', '{:.2f}')}, "
+        f"mean \\|A^S\\| {_mean_cell(r, 'gigpo_step_adv_abs_mean', '{:.2f}')}"
     )
 
 
@@ -251,6 +271,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
         "tool calls/traj",
         "tool results/group (vs first)",
         "ARPO tree",
+        "GiGPO anchors",
         "gen tokens/group",
         "H after tool (0-9)",
         "wall min/run",
@@ -272,6 +293,7 @@ def markdown_table(rows: Sequence[VariantRow], last: int) -> str:
             _pm(r.rollout["tool_calls_per_traj"], "{:.2f}"),
             _pm(calls, "{:.1f}") + _ratio(calls.mean, ref_calls),
             tree_cell(r),
+            anchor_cell(r),
             _pm(r.rollout["gen_tokens_per_group"], "{:.0f}"),
             h,
             _pm(Spread(r.wall_s.mean / 60, r.wall_s.std / 60, r.wall_s.min / 60, r.wall_s.max / 60, r.wall_s.n), "{:.1f}"),
@@ -436,6 +458,8 @@ def markdown_report(
         "ARPO tree (means over the same steps and seeds): branches per tree, branch points per trajectory, "
         "ΔH = (H_t - H_initial) / scale over every probed tool result / at the branch points chosen, the share of "
         "the tree's tool results its branches paid for, and the share of trees whose branch slots ran out. "
+        "GiGPO anchors (means over the same steps and seeds): the share of policy turns (GiGPO's steps) in an "
+        "anchor group of size > 1, and the std and mean |A^S| of the step-level advantage over a training step's turns. "
         f"H after tool: mean entropy (nats) of the first {EARLY_POSITIONS} tokens after a tool result, "
         f"from {bench.probe.samples} rollouts × {bench.probe.tasks} held-out tasks of each final policy "
         f"({'seeds ' + ', '.join(map(str, bench.probe.seeds)) if bench.probe.seeds else 'every seed'}, pooled). "

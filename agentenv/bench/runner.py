@@ -34,6 +34,7 @@ from agentenv.bench.config import BenchConfig, ProbeConfig, RunSpec, load_bench_
 from agentenv.bench.results import BenchResult, Probe, RunResult
 from agentenv.bench.stats import entropy_by_position
 from agentenv.configs import RunConfig
+from agentenv.errors import ConfigError
 from agentenv.tasks.task import balanced_subset
 
 RUN_FILE = "bench_run.json"
@@ -98,15 +99,15 @@ def run_probe(cfg: RunConfig, model_path: str, probe: ProbeConfig, log_dir: Path
 
 
 # --------------------------------------------------------------------------- one run
-def _load_run(spec: RunSpec, bench: BenchConfig) -> RunResult | None:
-    """The finished run in `spec.output_dir`, if it was made by the same config."""
+def _load_run(spec: RunSpec, bench: BenchConfig, *, same_config: bool = True) -> RunResult | None:
+    """The finished run in `spec.output_dir`, if it was made by the same config (by any with `same_config=False`)."""
     from agentenv.training.metrics import read_metrics
 
     meta = _read_json(spec.output_dir / RUN_FILE)
     if not meta:
         return None
     want = {"config": _json_roundtrip(spec.config.to_dict()), "probe": _json_roundtrip(dataclasses.asdict(bench.probe))}
-    if meta.get("config") != want["config"] or meta.get("probe") != want["probe"]:
+    if same_config and (meta.get("config") != want["config"] or meta.get("probe") != want["probe"]):
         return None
     probe = _read_json(spec.output_dir / PROBE_FILE)
     return RunResult(
@@ -462,8 +463,27 @@ def train_on_ray(bench: BenchConfig, todo: list[PlannedRun]) -> dict[tuple[str, 
     return done
 
 
+def report_only(bench: BenchConfig) -> BenchResult:
+    """Write the tables and plots again from the finished runs in `bench.output_dir`; train nothing.
+
+    The runs are read whatever config (and code) made them, so a report can be redone with the
+    current report code; every (variant, seed) must have finished (its `bench_run.json`).
+    """
+    from agentenv.bench.report import write_report
+
+    specs = resolve_runs(bench)
+    runs = [_load_run(spec, bench, same_config=False) for spec in specs]
+    missing = [str(spec.output_dir) for spec, r in zip(specs, runs, strict=True) if r is None]
+    if missing:
+        raise ConfigError("output_dir", f"--report-only: no finished run (no {RUN_FILE}) in {', '.join(missing)}")
+    base = base_probe_cached(specs[0], bench) if bench.probe.tasks > 0 and bench.probe.base_model else None
+    done = [r for r in runs if r is not None]
+    markdown, files = write_report(bench, done, base)
+    return BenchResult(bench, done, base, markdown, files)
+
+
 def run_benchmark(
-    config_path: str | Path, overrides: list[str] | None = None, *, plan_only: bool = False
+    config_path: str | Path, overrides: list[str] | None = None, *, plan_only: bool = False, report: bool = False
 ) -> BenchResult | None:
     """Load a benchmark YAML (with dotted overrides), run it, print the markdown report.
 
@@ -472,6 +492,7 @@ def run_benchmark(
         overrides: `dotted.key=value` strings; run sections (`trainer.steps=2`)
             apply to every run, other keys to the benchmark (`seeds=[0, 1, 2]`).
         plan_only: Print the plan and the estimate, run nothing, return None.
+        report: Train nothing; write the report again from the finished runs (see `report_only`).
 
     Returns:
         The runs, the markdown and the paths of the files written.
@@ -480,6 +501,6 @@ def run_benchmark(
     if plan_only:
         print(show_plan(bench), flush=True)
         return None
-    result = execute(bench)
+    result = report_only(bench) if report else execute(bench)
     print(result.markdown, flush=True)
     return result

@@ -35,6 +35,9 @@ def _run(tmp_path, variant: str, seed: int, batches=None, eval_seed=None) -> Run
             records[-1].update({"arpo/branches_per_tree": 1.0 + s, "arpo/branch_points_per_traj": 0.25,
                                 "arpo/delta_h_after_tool": 0.1, "arpo/delta_h_at_branch": 0.3,
                                 "arpo/branch_share_of_tools": 0.25, "arpo/budget_out": 0.5})  # fmt: skip
+            # and a GiGPO one its anchor groups (arpo_gigpo logs both)
+            records[-1].update({"train/gigpo/steps": 12.0, "train/gigpo/anchor_share": 0.5 + 0.1 * s + 0.01 * seed,
+                                "train/gigpo/step_adv_std": 0.4 + 0.2 * s, "train/gigpo/step_adv_abs_mean": 0.3})  # fmt: skip
     records.append({"step": 2, "eval/accuracy": acc})
     top = 2.0 if variant == "a" else 3.0  # apart, so neither line hides the other
     h = PositionEntropy([top - 0.02 * i for i in range(50)], [4] * 50)
@@ -76,6 +79,9 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
     # what the trees did, beside the tool calls (the last step of 2: 1 + 2 branches per tree); GRPO has no tree
     assert "(0.50x) | 3.0 br/tree, 0.25 bp/traj, ΔH +0.100 / +0.300, 25% of calls, out 50% |" in md
     assert "8.0 ± 0.0 (1.00x) | — |" in md
+    # GiGPO's anchors over the last step and the seeds: share 0.7 + 0.01 * (0, 1, 2) -> 71%, std 0.8; none for GRPO
+    assert "out 50% | anchors 71%, A^S std 0.80, mean \\|A^S\\| 0.30 |" in md
+    assert "8.0 ± 0.0 (1.00x) | — | — |" in md
     assert "| a | 0.300 [0.052, 0.548] | 0.150 [0.026, 0.274] | 0.300 [0.052, 0.548] | 0.400 [0.152, 0.648] |" in md
     assert "Paired: for each seed every variant trained on the same task batches (2 steps" in md
     rows = list(csv.DictReader(files["csv"].open()))
@@ -83,6 +89,10 @@ def test_report_table_intervals_marked_difference_and_plots(tmp_path):
     assert rows[1]["diff_vs_first_excludes_0"] == "1"
     assert float(rows[0]["wall_s_mean"]) == pytest.approx(90.0)  # training 60 + probe 30
     assert rows[0]["arpo_branches_per_tree_mean"] == "nan" and float(rows[1]["arpo_budget_out_mean"]) == 0.5
+    assert rows[0]["gigpo_anchor_share_mean"] == "nan"
+    assert float(rows[1]["gigpo_anchor_share_mean"]) == pytest.approx(0.71)
+    assert float(rows[1]["gigpo_anchor_share_std"]) == pytest.approx(0.01)
+    assert float(rows[1]["gigpo_step_adv_std_mean"]) == pytest.approx(0.8)
     from matplotlib.image import imread
 
     for name in ("heldout_accuracy", "reward_curves", "tool_calls", "entropy_after_tool"):
@@ -138,3 +148,27 @@ def test_control_must_be_a_later_variant():
         bench_config_from_dict({"control": "z", "variants": {"a": {}, "b": {}}})
     with pytest.raises(ConfigError, match="control.*'a' is the first variant"):
         bench_config_from_dict({"control": "a", "variants": {"a": {}, "b": {}}})
+
+
+def test_report_only_rewrites_the_report_from_runs_an_older_config_made(tmp_path):
+    """`bench --report-only` reads every finished run whatever config made it (no retraining), and names a
+    missing one."""
+    from agentenv.bench.runner import RUN_FILE, report_only
+    from agentenv.errors import ConfigError
+
+    bench = bench_config_from_dict({"name": "hand", "output_dir": str(tmp_path), "variants": {"a": {}, "b": {}}})
+    for v in ("a", "b"):
+        for s in (0, 1, 2):
+            r = _run(tmp_path, v, s)
+            (r.output_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r.records))
+            (r.output_dir / "eval.json").write_text(json.dumps(r.eval))
+            meta = {"variant": v, "seed": s, "wall_s": 60.0, "probe_s": 30.0, "config": {"from": "older code"}}
+            (r.output_dir / RUN_FILE).write_text(json.dumps(meta))
+    result = report_only(bench)
+    assert [(r.variant, r.seed) for r in result.runs] == [(v, s) for v in ("a", "b") for s in (0, 1, 2)]
+    md = (tmp_path / "results.md").read_text()
+    assert md == result.markdown and "+0.050 [0.025, 0.075] *" in md
+    assert "anchors 71%, A^S std 0.80" in md
+    (tmp_path / "runs" / "b" / "seed1" / RUN_FILE).unlink()
+    with pytest.raises(ConfigError, match=f"no finished run .*{tmp_path / 'runs' / 'b' / 'seed1'}"):
+        report_only(bench)
