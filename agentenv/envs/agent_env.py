@@ -327,7 +327,7 @@ class AgentEnv(gymnasium.Env):
             return await self._finish("context", truncated=True)
         self._messages = shown.messages
         self._append(Segment("tool", obs))
-        self._calls.append({"segment": len(self._segments) - 1, "tool": info["tool"], "ok": info["tool_ok"],
+        self._calls.append({"segment": len(self._segments) - 1, "tool": info.get("tool"), "ok": info.get("tool_ok"),
                             "kind": info.get("tool_error_kind")})
         self._format.check(self._messages, self._segments)
         info["result_truncated"] = shown.cut
