@@ -131,6 +131,28 @@ def test_arpo_refuses_an_env_that_cannot_fork():
     assert "OneWayGuessEnv" in str(e.value) and "cannot fork" in str(e.value) and "'arpo'" in str(e.value)
 
 
+def test_arpo_forks_the_game_mid_episode(tiny_tokenizer):
+    from agentenv.algorithms.arpo import ARPOConfig, TreeSampler
+
+    cfg = guess_config()
+    task = cfg.env.tasks.load().train[1]  # secret 6: "1" gets "higher", a node ARPO may branch at
+    policy = ScriptedPolicy(tiny_tokenizer, ["1<|im_end|>", f"{task.ground_truth}<|im_end|>"])
+    arpo = ARPOConfig(group_size=4, initial_rollouts=2, alpha=1.0, beta=0.0)  # P_t = 1 > tau: branch where a slot is
+    make = make_env_factory(cfg.env, {}, tiny_tokenizer)
+    group = asyncio.run(TreeSampler(arpo).sample(policy, make, task, SamplingParams(max_tokens=16), seed=0))
+    assert group.info["branch_points"] >= 1 and group.info["fills"] == 0
+    trajs = {t.uid: t for t in group.trajectories}
+    branches = [t for t in group.trajectories if t.info["arpo"]["role"] == "branch"]
+    assert len(branches) == 2 and all(not t.failed for t in group.trajectories)
+    prompt = len(tiny_tokenizer.apply_chat_template(list(task.messages), add_generation_prompt=True))
+    for b in branches:
+        parent = trajs[b.parent_uid]
+        assert prompt < b.branch_token < len(parent.token_ids)  # forked mid-episode, after the env's "higher"
+        assert b.token_ids[: b.branch_token] == parent.token_ids[: b.branch_token]
+        assert "higher" in tiny_tokenizer.decode(b.token_ids[: b.branch_token])
+        assert b.correct and b.info["turns"] == 2  # the fork carried the game's state (its turn count, its secret)
+
+
 RUN = {
     "model": {"path": "tiny"},
     "policy": {"backend": "hf", "temperature": 1.0, "max_turn_tokens": 8},
