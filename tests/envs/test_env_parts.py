@@ -122,6 +122,17 @@ def test_a_bad_env_class_or_option_is_one_error_naming_it(env, key, words):
         assert w in str(e.value)
 
 
+def test_gymnasium_make_of_agent_v0_refuses_another_env_class(tiny_tokenizer):
+    import gymnasium
+
+    import agentenv  # noqa: F401 - registers agentenv/Agent-v0
+
+    # it builds an AgentEnv: a `class` naming another env would be ignored, the user's game silently not played
+    with pytest.raises(ConfigError) as e:
+        gymnasium.make("agentenv/Agent-v0", tokenizer=tiny_tokenizer, config=dict(GUESS_ENV))
+    assert e.value.key == "env.class" and "guess_env:GuessEnv" in str(e.value) and "env_factory" in str(e.value)
+
+
 def test_arpo_refuses_an_env_that_cannot_fork():
     guess_config(**{"class": "guess_env:OneWayGuessEnv"})  # GRPO samples it
     with pytest.raises(ConfigError) as e:
