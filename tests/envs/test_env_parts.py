@@ -92,6 +92,14 @@ def test_fork_copies_the_game_state(tiny_tokenizer):
     assert child.trajectory().branch_token == len(env.context)
 
 
+def test_an_episode_env_with_a_from_options_helper_is_still_an_episode_env(tiny_tokenizer):
+    # a client env is one with run, tasks and from_options, as check_env_class says; one helper name is not enough
+    cfg = guess_config(**{"class": "guess_env:ConfiguredGuessEnv"})
+    assert not cfg.env.env_spec().drives_client
+    _, traj = play(tiny_tokenizer, ["{secret}<|im_end|>"], cfg)
+    assert traj.correct and not traj.failed, traj.error
+
+
 def test_the_default_env_class_is_agent_env(tiny_tokenizer):
     cfg = config_from_dict({"env": {"tools": []}})
     spec = cfg.env.env_spec()
