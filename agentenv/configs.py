@@ -372,6 +372,9 @@ class RunConfig:
                                   "the endpoint; give either it or rollout.agent, not both")  # fmt: skip
         _check_forks(self)
         if self.rollout.placement == "ray":
+            if self.env.env_spec().drives_client:
+                raise ConfigError("rollout.placement", f"ray does not serve env.class {self.env.env_class!r} yet (it "
+                                  "runs against the endpoint, which wraps a local policy); use local")  # fmt: skip
             for name in self.rollout.ray.tools:
                 if name not in self.env.tools:
                     raise ConfigError(

@@ -1,8 +1,10 @@
 """Whether this checkout of agentenv is installed with every requirement of the given extras met (exit 0), so
-that a second `scripts/setup.sh` skips pip; with `--installed NAME...`, prints which of NAME are installed.
+that a second `scripts/setup.sh` skips pip; with `--installed NAME...`, prints which of NAME are installed; with
+`--pinned NAME==VERSION...`, exit 0 when every one is installed at exactly that version.
 
     python3 scripts/requirements_met.py dev,hf     # exit 0: nothing to install
     python3 scripts/requirements_met.py --installed torchvision torchaudio
+    python3 scripts/requirements_met.py --pinned verifiers==0.3.1 openenv-core==0.3.0
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ def installed(name: str) -> bool:
         metadata.distribution(name)
     except metadata.PackageNotFoundError:
         return False
+    return True
+
+
+def pinned(reqs: list[str]) -> bool:
+    """Every `name==version` installed at that version (a check in milliseconds, where importing them takes seconds)."""
+    for req in reqs:
+        name, _, version = req.partition("==")
+        try:
+            if metadata.version(name) != version:
+                return False
+        except metadata.PackageNotFoundError:
+            return False
     return True
 
 
@@ -61,4 +75,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--installed"]:
         print(" ".join(n for n in sys.argv[2:] if installed(n)))
         sys.exit(0)
+    if sys.argv[1:2] == ["--pinned"]:
+        sys.exit(0 if pinned(sys.argv[2:]) else 1)
     sys.exit(0 if met([e for e in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if e]) else 1)

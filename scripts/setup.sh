@@ -55,10 +55,11 @@ env_adapters="verifiers==0.3.1 renderers==0.1.12 openai-harmony==0.0.8 prime-pyd
   pyqwest==0.12.0 openai-agents==0.24.0 openenv-core==0.3.0 fastmcp==4.2.3 fastmcp-slim==4.2.3 Authlib==1.9.10
   aiofile==3.12.3 beartype==0.23.1 caio==0.12.10 cyclopts==5.5.2 exceptiongroup==1.3.2 joserfc==1.8.0 jsonref==1.1.0
   openapi-pydantic==0.6.0 py-key-value-aio==0.5.0 pyperclip==1.11.0 rich-rst==2.2.0 uncalled-for==0.6.2"
-if ! $PY -c 'import verifiers as vf, openenv.core; vf.SingleTurnEnv' >/dev/null 2>&1; then
+# shellcheck disable=SC2086  # one word per package
+if ! $PY scripts/requirements_met.py --pinned $env_adapters; then  # every one at its pin (a partial install too)
   log "installing the env adapters (verifiers, openenv-core) without their pins"
-  # shellcheck disable=SC2086  # one word per package
   quiet_pip --no-deps $env_adapters
+  $PY -c 'import verifiers as vf, openenv.core; vf.ToolEnv' || { log "the env adapters do not import"; exit 1; }
 fi
 
 log "waiting for the Docker daemon and the sandbox image"

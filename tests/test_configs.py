@@ -76,6 +76,18 @@ def test_round_trip_through_dict():
     assert again == cfg
 
 
+
+def test_a_keyed_field_loads_dumps_and_suggests_under_its_config_key():
+    # env.env_class is spelled `class` in a config (a Python keyword cannot name a field)
+    cfg = config_from_dict({}, ["env.class=openenv", "env.options.url=http://127.0.0.1:1"])
+    assert cfg.env.env_class == "openenv" and cfg.to_dict()["env"]["class"] == "openenv"
+    assert "env_class" not in cfg.to_dict()["env"]
+    assert config_from_dict(cfg.to_dict()) == cfg
+    for typo in ("env.clas=agent", "env.env_class=agent"):
+        with pytest.raises(ConfigError, match=r"unknown key \(value 'agent'\); did you mean 'class'\?") as e:
+            config_from_dict({}, [typo])
+        assert e.value.key == typo.split("=")[0]
+
 # --------------------------------------------------------------------------- parts by name
 HERE_TRAINING = str(__import__("pathlib").Path(__file__).resolve().parent / "training")
 
@@ -87,6 +99,7 @@ HERE_TRAINING = str(__import__("pathlib").Path(__file__).resolve().parent / "tra
         (["env.reward=arp"], r"env\.reward: unknown reward 'arp'\. Did you mean 'arpo'\?"),
         (["env.tasks.source=jsnol"], r"env\.tasks\.source: unknown task source 'jsnol'\. Did you mean 'jsonl'\?"),
         (["algorithm.name=arpoo"], r"algorithm\.name: unknown algorithm 'arpoo'\. Did you mean 'arpo'"),
+        (["env.class=agnet"], r"env\.class: unknown env class 'agnet'\. Did you mean 'agent'\?"),
         (["policy.backend=vllmm"], r"policy\.backend: unknown policy backend 'vllmm'\. Did you mean 'vllm'\?"),
         (["model.path=tinny"], r"model\.path: 'tinny' is neither a folder nor a registered model; did you mean 'tiny'\?"),
     ],

@@ -36,3 +36,16 @@ def test_lists_which_of_the_named_packages_are_installed():
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout.split()
     assert out == ["pyyaml"]
+
+
+def test_pinned_is_met_only_by_those_exact_versions_all_installed():
+    from importlib import metadata
+
+    yaml = f"pyyaml=={metadata.version('pyyaml')}"
+
+    def pinned(*reqs: str) -> int:
+        return subprocess.run([sys.executable, str(SCRIPT), "--pinned", *reqs], timeout=60).returncode
+
+    assert pinned(yaml) == 0
+    assert pinned(yaml, "pyyaml==0.0.1") == 1  # installed at another version: setup.sh would change it, so it pips
+    assert pinned(yaml, "no-such-package-agentenv-test==1.0") == 1  # a partial install: the rest still comes

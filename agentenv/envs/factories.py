@@ -43,7 +43,7 @@ def make_agent_env(
         tools: Prototype tools (default: none; the episode can only answer).
         tokenizer: Default: the default model's tokenizer (the tiny model's).
         reward_fn: Default: the config's reward (ARPO's hierarchical reward).
-        config: `AgentEnvConfig` or a mapping of its fields.
+        config: `AgentEnvConfig` or a mapping of its fields; its `class` must be `agent` (or an AgentEnv subclass).
         tasks: Tasks drawn at `reset` without a task; default: the training
             tasks of the config's task source (the toy tasks).
         owns_tools: Close the tools when the env is closed.
@@ -51,13 +51,17 @@ def make_agent_env(
     from agentenv.loader import build_dataclass
 
     cfg = build_dataclass(AgentEnvConfig, config, "env")
+    cls = cfg.env_spec().cls
+    if not issubclass(cls, AgentEnv):  # its options, tasks and tools would be ignored, the env not played
+        raise ConfigError("env.class", f"agentenv/Agent-v0 builds an AgentEnv, and env.class is {cfg.env_class!r}; "
+                          "build another env class with agentenv.envs.parts.env_factory")  # fmt: skip
     if tokenizer is None:
         tokenizer = _default_tokenizer()
     if tasks is None:
         tasks = cfg.tasks.load().train
     if reward_fn is None:
         reward_fn = cfg.reward_fn()
-    return AgentEnv(list(tools), tokenizer, reward_fn=reward_fn, config=cfg, tasks=tasks, owns_tools=owns_tools)
+    return cls(list(tools), tokenizer, reward_fn=reward_fn, config=cfg, tasks=tasks, owns_tools=owns_tools)
 
 
 def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None = None, key: str = "tool_env.tool") -> Tool:

@@ -92,13 +92,18 @@ class ClientEnv(Protocol):
 _EPISODE_MEMBERS = ("context", "remaining_tokens", "stop_strings", "done", "reset", "areset", "astep", "fork", "trajectory", "aclose")
 
 
+def is_client_env(cls: Any) -> bool:
+    """Whether `cls` is a client env class (`run`, `tasks`, `from_options`) rather than an episode env class."""
+    return callable(getattr(cls, "run", None)) and callable(getattr(cls, "tasks", None)) and hasattr(cls, "from_options")
+
+
 def check_env_class(cls: Any, key: str = "env.class") -> Any:
     """`cls` if it is an episode env class or a client env class; one ConfigError naming what it lacks otherwise."""
     name = getattr(cls, "__qualname__", None) or repr(cls)
     if not isinstance(cls, type):
         raise ConfigError(key, f"{name} is not a class: env.class names an env class (see agentenv.envs.parts)")
-    if callable(getattr(cls, "run", None)) and callable(getattr(cls, "tasks", None)) and hasattr(cls, "from_options"):
-        return cls  # a client env
+    if is_client_env(cls):
+        return cls
     missing = [m for m in ("from_inputs", "can_fork", *_EPISODE_MEMBERS) if not hasattr(cls, m)]
     if missing:
         raise ConfigError(
@@ -145,7 +150,7 @@ class EnvSpec:
     @property
     def drives_client(self) -> bool:
         """A client env (run against the endpoint) rather than an episode env."""
-        return hasattr(self.cls, "from_options")
+        return is_client_env(self.cls)
 
     def client_env(self) -> ClientEnv:
         """The client env built from its options (a client env only)."""

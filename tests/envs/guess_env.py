@@ -83,6 +83,14 @@ class OneWayGuessEnv(GuessEnv):
     can_fork = False
 
 
+class ConfiguredGuessEnv(GuessEnv):
+    """The same game with a `from_options` helper of its own: an episode env still (it has no `run` or `tasks`)."""
+
+    @classmethod
+    def from_options(cls, options: GuessConfig) -> GuessConfig:
+        return options
+
+
 class NotAnEnv:
     """Has a reset and nothing else of an episode env."""
 

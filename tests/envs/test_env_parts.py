@@ -108,6 +108,14 @@ def test_fork_copies_the_game_state(tiny_tokenizer):
     assert child.trajectory().branch_token == len(env.context)
 
 
+def test_an_episode_env_with_a_from_options_helper_is_still_an_episode_env(tiny_tokenizer):
+    # a client env is one with run, tasks and from_options, as check_env_class says; one helper name is not enough
+    cfg = guess_config(**{"class": "guess_env:ConfiguredGuessEnv"})
+    assert not cfg.env.env_spec().drives_client
+    _, traj = play(tiny_tokenizer, ["{secret}<|im_end|>"], cfg)
+    assert traj.correct and not traj.failed, traj.error
+
+
 def test_the_default_env_class_is_agent_env(tiny_tokenizer):
     cfg = config_from_dict({"env": {"tools": []}})
     spec = cfg.env.env_spec()
@@ -138,6 +146,17 @@ def test_a_bad_env_class_or_option_is_one_error_naming_it(env, key, words):
         assert w in str(e.value)
 
 
+def test_gymnasium_make_of_agent_v0_refuses_another_env_class(tiny_tokenizer):
+    import gymnasium
+
+    import agentenv  # noqa: F401 - registers agentenv/Agent-v0
+
+    # it builds an AgentEnv: a `class` naming another env would be ignored, the user's game silently not played
+    with pytest.raises(ConfigError) as e:
+        gymnasium.make("agentenv/Agent-v0", tokenizer=tiny_tokenizer, config=dict(GUESS_ENV))
+    assert e.value.key == "env.class" and "guess_env:GuessEnv" in str(e.value) and "env_factory" in str(e.value)
+
+
 def test_arpo_refuses_an_env_that_cannot_fork():
     guess_config(**{"class": "guess_env:OneWayGuessEnv"})  # GRPO samples it
     with pytest.raises(ConfigError) as e:
@@ -145,6 +164,28 @@ def test_arpo_refuses_an_env_that_cannot_fork():
                           "policy": {"backend": "hf", "max_turn_tokens": 16}})  # fmt: skip
     assert e.value.key == "env.class"
     assert "OneWayGuessEnv" in str(e.value) and "cannot fork" in str(e.value) and "'arpo'" in str(e.value)
+
+
+def test_arpo_forks_the_game_mid_episode(tiny_tokenizer):
+    from agentenv.algorithms.arpo import ARPOConfig, TreeSampler
+
+    cfg = guess_config()
+    task = cfg.env.tasks.load().train[1]  # secret 6: "1" gets "higher", a node ARPO may branch at
+    policy = ScriptedPolicy(tiny_tokenizer, ["1<|im_end|>", f"{task.ground_truth}<|im_end|>"])
+    arpo = ARPOConfig(group_size=4, initial_rollouts=2, alpha=1.0, beta=0.0)  # P_t = 1 > tau: branch where a slot is
+    make = make_env_factory(cfg.env, {}, tiny_tokenizer)
+    group = asyncio.run(TreeSampler(arpo).sample(policy, make, task, SamplingParams(max_tokens=16), seed=0))
+    assert group.info["branch_points"] >= 1 and group.info["fills"] == 0
+    trajs = {t.uid: t for t in group.trajectories}
+    branches = [t for t in group.trajectories if t.info["arpo"]["role"] == "branch"]
+    assert len(branches) == 2 and all(not t.failed for t in group.trajectories)
+    prompt = len(tiny_tokenizer.apply_chat_template(list(task.messages), add_generation_prompt=True))
+    for b in branches:
+        parent = trajs[b.parent_uid]
+        assert prompt < b.branch_token < len(parent.token_ids)  # forked mid-episode, after the env's "higher"
+        assert b.token_ids[: b.branch_token] == parent.token_ids[: b.branch_token]
+        assert "higher" in tiny_tokenizer.decode(b.token_ids[: b.branch_token])
+        assert b.correct and b.info["turns"] == 2  # the fork carried the game's state (its turn count, its secret)
 
 
 RUN = {

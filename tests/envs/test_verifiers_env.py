@@ -112,6 +112,14 @@ def test_arpo_refuses_a_verifiers_environment():
     assert e.value.key == "env.class" and "'verifiers'" in str(e.value) and "cannot fork" in str(e.value)
 
 
+def test_ray_placement_refuses_a_verifiers_environment():
+    # the Ray runtime builds no endpoint: every episode would fail at make_env instead of the config at load
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"env": vf_env("vf_envs:arith_env"), "rollout": {"placement": "ray"}, "policy": {"backend": "hf"}})
+    assert e.value.key == "rollout.placement"
+    assert "'verifiers'" in str(e.value) and "local" in str(e.value)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("environment", ["vf_envs:arith_env", "vf_envs:add_tool_env"])
 def test_a_verifiers_environment_trains_two_steps(tmp_path, tiny_model_path, environment):
