@@ -132,7 +132,7 @@ def eval_(
             await rt.health_check()
             return await evaluate(
                 rt.policy, rt.make_env, heldout, samples=n_samples, params=params, seed=tc.evaluation_seed,
-                rollout=cfg.rollout, sampler=rt.agent.sampler(n_samples) if rt.agent is not None else None,
+                rollout=cfg.rollout, sampler=rt.agent_sampler(n_samples),
             )  # fmt: skip
         finally:
             await rt.aclose()

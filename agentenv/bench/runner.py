@@ -56,18 +56,20 @@ def _read_json(path: Path) -> Any:
 
 # --------------------------------------------------------------------------- probe
 async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> Probe:
-    from agentenv.rollout import derive_seed, run_group
+    from agentenv.rollout import derive_seed
     from agentenv.training.build import build_runtime
+    from agentenv.training.evaluate import sample_group
 
     rt = build_runtime(cfg, model_path)
     try:
         tasks = balanced_subset(rt.tasks.heldout, probe.tasks)
         params = cfg.policy.sampling_params()
+        sampler = rt.agent_sampler(probe.samples)  # rollout.agent or a client env: through the endpoint
         # the same probe seeds for every variant of a seed: differences come from the policy
         groups = await gather_settled(
             *(
-                run_group(rt.policy, rt.make_env, t, probe.samples, params, seed=derive_seed(cfg.trainer.seed, 0xB3, i),
-                          config=cfg.rollout)  # fmt: skip
+                sample_group(rt.policy, rt.make_env, t, probe.samples, params, derive_seed(cfg.trainer.seed, 0xB3, i),
+                             cfg.rollout, sampler)  # fmt: skip
                 for i, t in enumerate(tasks)
             )
         )

@@ -177,6 +177,11 @@ class Runtime:
     extras: dict[str, Any] = field(default_factory=dict)
     agent: Any = None  # `rollout.agent`'s AgentRunner (agentenv.rollout.endpoint.agent), None without one
 
+    def agent_sampler(self, n: int) -> Any:
+        """The sampler of `n` episodes per task through `agent` (`rollout.agent`, a client env), or None without one:
+        then episodes run over `make_env` (`training.evaluate.sample_group` takes either)."""
+        return self.agent.sampler(n) if self.agent is not None else None
+
     async def health_check(self, timeout_s: float = _HEALTH_TIMEOUT_S) -> None:
         """Every tool that has a `health_check()` runs it, on the tool loop where its calls run.
 

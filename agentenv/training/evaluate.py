@@ -6,7 +6,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -103,6 +103,17 @@ def summarize(groups: Sequence[Group]) -> EvalReport:
     )
 
 
+async def sample_group(policy: Policy, make_env: MakeEnv, task: Task, samples: int, params: SamplingParams, seed: int,
+                       rollout: RolloutConfig | None = None, sampler: Any = None) -> Group:  # fmt: skip
+    """`samples` independent episodes of `task` over `make_env`, or the group `sampler` grows instead (the user's
+    agent's: `Runtime.agent_sampler`, whose runs have no episode env)."""
+    from agentenv.rollout import run_group
+
+    if sampler is not None:
+        return cast(Group, await sampler.sample(policy, make_env, task, params, seed))
+    return await run_group(policy, make_env, task, samples, params, seed=seed, config=rollout)
+
+
 async def evaluate(
     policy: Policy,
     make_env: MakeEnv,
@@ -117,15 +128,11 @@ async def evaluate(
 ) -> EvalReport:
     """Roll out `samples` independent episodes per task and summarize (`rollout`: the run's per-trajectory limits;
     `sampler`: one that grows each task's group instead, e.g. a user's agent's)."""
-    from agentenv.rollout import run_group
-
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
 
     async def one(i: int, task: Task) -> Group:
         async with sem:
-            if sampler is not None:
-                return await sampler.sample(policy, make_env, task, params, seed * 1_000_003 + i * 7919)
-            return await run_group(policy, make_env, task, samples, params, seed=seed * 1_000_003 + i * 7919, config=rollout)
+            return await sample_group(policy, make_env, task, samples, params, seed * 1_000_003 + i * 7919, rollout, sampler)
 
     groups = await gather_settled(*(one(i, t) for i, t in enumerate(tasks)))
     return summarize(groups)

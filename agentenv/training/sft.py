@@ -65,14 +65,27 @@ def sft_batch(trajectories: list[Trajectory], pad_id: int) -> Any:
     return collate(trajectories, [torch.zeros(len(t)) for t in trajectories], pad_id)
 
 
+def check_replayable(cfg: RunConfig) -> None:
+    """SFT replays each conversation through an episode env of `env.class`: refuse a client env, which has none.
+
+    Raises:
+        ConfigError: (`env.class`) It names a client env (`verifiers`), which runs against the endpoint.
+    """
+    if cfg.env.env_spec().drives_client:
+        raise ConfigError("env.class", f"{cfg.env.env_class!r} runs its own protocol against the endpoint, so agentenv "
+                          "sft cannot replay conversations through it; use an episode env (e.g. agent)")  # fmt: skip
+
+
 def build_examples(cfg: RunConfig, tokenizer: Any) -> tuple[SFTExamples, float]:
     """The SFT examples of `cfg.sft` (replayed through `cfg.env`), and the seconds it took.
 
     Raises:
-        ConfigError: No data and no solver, a solver that does not import, or no conversation survived.
+        ConfigError: No data and no solver, a solver that does not import, no conversation survived, or a
+            client env (`check_replayable`).
     """
     from agentenv.envs.parts import EnvInputs, build_env
 
+    check_replayable(cfg)  # before the tools start
     sc = cfg.sft
     t0 = time.perf_counter()
     tools = build_tools(cfg.env)
@@ -130,6 +143,8 @@ class SFTTrainer:
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, examples: SFTExamples | None = None,
                  log: Any = None):  # fmt: skip
+        if examples is None:
+            check_replayable(cfg)  # before the output folder and the model's load
         from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -265,9 +265,8 @@ class Trainer:
 
     def _group_sampler(self) -> Any:
         """The algorithm's sampler (or the user's agent's), bounding each trajectory and the concurrency."""
-        if self.rt.agent is not None:  # rollout.agent: the user's agent through the endpoint (independent samples)
-            return self.rt.agent.sampler(self.algorithm.group_size())
-        return self.algorithm.sampler(self.cfg.rollout)
+        # rollout.agent or a client env: the user's agent through the endpoint (independent samples)
+        return self.rt.agent_sampler(self.algorithm.group_size()) or self.algorithm.sampler(self.cfg.rollout)
 
     async def _sample(self, sampler: Any, task: Task, seed: int) -> Group:
         params = self.cfg.policy.sampling_params()
@@ -688,7 +687,7 @@ class Trainer:
                 evaluate(
                     self.rt.policy, self.rt.make_env, heldout,
                     samples=tc.eval_samples, params=params, seed=tc.evaluation_seed, rollout=self.cfg.rollout,
-                    sampler=self.rt.agent.sampler(tc.eval_samples) if self.rt.agent is not None else None,
+                    sampler=self.rt.agent_sampler(tc.eval_samples),
                 )  # fmt: skip
             )
             self.warn_tools(report.tool_stats, f"in the evaluation at step {step}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentenv.configs import config_from_dict
 from agentenv.errors import ConfigError
@@ -118,6 +119,25 @@ def test_ray_placement_refuses_a_verifiers_environment():
         config_from_dict({"env": vf_env("vf_envs:arith_env"), "rollout": {"placement": "ray"}, "policy": {"backend": "hf"}})
     assert e.value.key == "rollout.placement"
     assert "'verifiers'" in str(e.value) and "local" in str(e.value)
+
+
+def test_sft_refuses_a_verifiers_environment_before_it_starts(tmp_path):
+    # SFT replays conversations through an episode env; a client env has none: refused before the output folder,
+    # the model's load (a model.path that would not load) or the tools, not by the first replay
+    from typer.testing import CliRunner
+
+    from agentenv.cli import app
+
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"path": str(tmp_path / "no-model")}, "env": vf_env("vf_envs:arith_env"), "policy": {"backend": "hf"},
+        "sft": {"solver": "agentenv.toy.solver:solve", "output_dir": str(tmp_path / "sft")},
+    }))  # fmt: skip
+    res = CliRunner().invoke(app, ["sft", str(cfg)])
+    assert res.exit_code != 0
+    assert res.output.startswith("error: env.class: 'verifiers'") and len(res.output.splitlines()) == 1, res.output
+    assert "agentenv sft" in res.output
+    assert not (tmp_path / "sft").exists()
 
 
 @pytest.mark.slow
