@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 from agentenv.bench.config import bench_config_from_dict, resolve_runs
 from agentenv.bench.runner import (
     PRIOR_EVAL_SAMPLE_S,
-    Probe,
     PRIOR_START_S,
     PRIOR_TRAJ_S,
     RUN_FILE,
+    Probe,
     evaluations_per_run,
     plan_runs,
     show_plan,
