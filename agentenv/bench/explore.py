@@ -110,7 +110,17 @@ class BudgetedEnv(AgentEnv):
 
 
 def budgeted_env_factory(env_cfg: Any, tools: dict[str, Tool], tokenizer: Tokenizer, budget: ToolBudget) -> MakeEnv:
-    """As `training.build.make_env_factory`, over one shared budget."""
+    """As `training.build.make_env_factory`, over one shared budget.
+
+    Raises:
+        ConfigError: `env.class` is not `agent`: the budget is kept in AgentEnv's tool calls, and another
+            class measured as AgentEnv would be a different env than the run's.
+    """
+    from agentenv.errors import ConfigError
+
+    spec = env_cfg.env_spec()
+    if spec.cls is not AgentEnv:
+        raise ConfigError("env.class", f"the tool budget is kept by AgentEnv ('agent'); {spec.name!r} cannot be measured")
     reward_fn = env_cfg.reward_fn()
     prototypes = list(tools.values())
     return lambda: BudgetedEnv(prototypes, tokenizer, reward_fn=reward_fn, config=env_cfg, budget=budget)

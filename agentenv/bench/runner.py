@@ -54,6 +54,21 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _read_marker(path: Path) -> Any:
+    """A run's `bench_run.json`; None when absent or torn (a kill while it was written: the run is unfinished)."""
+    try:
+        return _read_json(path)
+    except ValueError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a kill mid-write leaves the old file or none)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 # --------------------------------------------------------------------------- probe
 async def _probe_async(cfg: RunConfig, model_path: str, probe: ProbeConfig) -> Probe:
     from agentenv.rollout import derive_seed
@@ -105,7 +120,7 @@ def _load_run(spec: RunSpec, bench: BenchConfig, *, same_config: bool = True) ->
     """The finished run in `spec.output_dir`, if it was made by the same config (by any with `same_config=False`)."""
     from agentenv.training.metrics import read_metrics
 
-    meta = _read_json(spec.output_dir / RUN_FILE)
+    meta = _read_marker(spec.output_dir / RUN_FILE)
     if not meta:
         return None
     want = {"config": _json_roundtrip(spec.config.to_dict()), "probe": _json_roundtrip(dataclasses.asdict(bench.probe))}
@@ -161,8 +176,8 @@ def train_run(spec: RunSpec, bench: BenchConfig, where: dict[str, Any] | None = 
         "config": spec.config.to_dict(),
         "probe": dataclasses.asdict(bench.probe),
     }
-    # written last: its presence marks the run complete
-    (spec.output_dir / RUN_FILE).write_text(json.dumps(meta, indent=1, default=str))
+    # written last, whole or not at all: its presence marks the run complete
+    _write_atomic(spec.output_dir / RUN_FILE, json.dumps(meta, indent=1, default=str))
     return RunResult(
         spec.variant,
         spec.seed,
@@ -283,6 +298,8 @@ def plan_runs(bench: BenchConfig, specs: list[RunSpec]) -> tuple[list[PlannedRun
             planned.append((spec, "train", "new"))
         elif not (spec.output_dir / RUN_FILE).exists():
             planned.append((spec, "redo", "partial: killed before it finished (no bench_run.json)"))
+        elif _read_marker(spec.output_dir / RUN_FILE) is None:
+            planned.append((spec, "redo", "partial: killed while writing bench_run.json"))
         else:
             why = "reuse is off" if not bench.reuse else "made by another config or probe"
             planned.append((spec, "redo", why))

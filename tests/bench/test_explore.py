@@ -89,3 +89,18 @@ def test_paired_rows_difference_by_task():
     assert rows["distinct answers"].diff.mean == pytest.approx(2 / 3)
     md = markdown(list(rows.values()), 3)
     assert "| 4 | pass@budget | 0.333 [" in md
+
+
+def test_an_env_class_the_budget_cannot_keep_is_refused_by_name():
+    """The budget lives in AgentEnv's tool calls: another `env.class` would be measured as AgentEnv in silence."""
+    import dataclasses
+
+    from agentenv.bench.explore import budgeted_env_factory
+    from agentenv.envs.config import AgentEnvConfig
+    from agentenv.errors import ConfigError
+
+    cfg = dataclasses.replace(AgentEnvConfig(), env_class="openenv", options={"url": "http://127.0.0.1:9"})
+    with pytest.raises(ConfigError, match=r"env\.class.*openenv"):
+        budgeted_env_factory(cfg, {"search": EchoTool("search")}, TOK, ToolBudget(4))
+    make = budgeted_env_factory(AgentEnvConfig(), {"search": EchoTool("search")}, TOK, ToolBudget(4))
+    assert isinstance(make(), BudgetedEnv)

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 from agentenv.bench.config import bench_config_from_dict, resolve_runs
 from agentenv.bench.runner import (
     PRIOR_EVAL_SAMPLE_S,
-    Probe,
     PRIOR_START_S,
     PRIOR_TRAJ_S,
     RUN_FILE,
+    Probe,
     evaluations_per_run,
     plan_runs,
     show_plan,
@@ -148,3 +148,18 @@ def test_plan_on_ray_divides_by_the_runs_at_once(tmp_path):
     assert "on Ray" not in show_plan(_bench(tmp_path))
     with pytest.raises(ConfigError, match="ray.max_parallel"):
         _bench(tmp_path, ray={"address": "auto", "max_parallel": -1})
+
+
+def test_a_run_killed_while_writing_its_marker_is_trained_again(tmp_path):
+    """A kill while `bench_run.json` was being written leaves it torn: the run is unfinished (trained again),
+    and the plan does not stop on the torn file."""
+    bench = _bench(tmp_path)
+    specs = resolve_runs(bench)
+    _finish(specs[0], bench, 60.0, 0.0)
+    _finish(specs[1], bench, 60.0, 0.0)
+    marker = specs[1].output_dir / RUN_FILE
+    marker.write_text(marker.read_text()[:40])  # torn mid-write
+    plan, finished = plan_runs(bench, specs)
+    assert [(r.variant, r.seed) for r in finished] == [(specs[0].variant, specs[0].seed)]
+    assert [(p.status, p.reason) for p in plan[:2]][1] == ("redo", "partial: killed while writing bench_run.json")
+    assert plan[0].status == "reuse"
