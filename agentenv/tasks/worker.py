@@ -55,6 +55,11 @@ def worker_main() -> None:
     """Import the modules named on the command line, then answer base64-pickled `(path, args)` lines on stdin
     with `{"value": ...}` or `{"error": ...}` JSON lines."""
     _limit_resources()
+    # The replies get their own copy of stdout; fd 1 goes where stderr goes (nowhere), so a check or an import
+    # that prints (tower_of_hanoi's "Error validating move ...") is never read as a reply nor shifts the next
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
     import importlib
 
     import sympy  # noqa: F401  (warm: the first math check should not pay for the import)
@@ -64,7 +69,7 @@ def worker_main() -> None:
     for module in sys.argv[1:]:  # what the last worker ran: a restart pays its imports before it is ready
         importlib.import_module(module)
 
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True}), file=replies, flush=True)
     for line in sys.stdin:
         try:
             path, args = pickle.loads(base64.b64decode(line))
@@ -72,7 +77,7 @@ def worker_main() -> None:
             reply = json.dumps({"value": value})
         except Exception as e:  # noqa: BLE001 - the caller decides what a failed check means
             reply = json.dumps({"error": f"{type(e).__name__}: {e}"[:300]})
-        print(reply, flush=True)
+        print(reply, file=replies, flush=True)
 
 
 class VerifierWorker:

@@ -157,3 +157,19 @@ async def test_an_agents_answer_whose_verifier_raises_scores_the_minimum_and_the
         await runner.aclose()
     assert len(group) == 2 and not any(t.failed for t in group), [t.error for t in group]
     assert all(t.reward == 0.0 and t.info["reward"]["error"] == "verifier_raised" for t in group)
+
+
+def test_what_a_check_prints_is_not_taken_for_its_answer_nor_the_next_ones():
+    """A verifier that prints (reasoning-gym's tower_of_hanoi prints "Error validating move ..." on a bad move)
+    must not speak on the worker's reply channel: a printed "1" was taken for the reply (a TypeError), and
+    the real reply was then read as the *next* call's answer, one episode's verdict given to another."""
+    from agentenv.tasks.worker import VerifierWorker
+
+    worker = VerifierWorker()
+    try:
+        assert worker.call("builtins:print", "1", timeout_s=30.0) is None  # print's own value
+        assert worker.call("builtins:print", '{"value": 1.0}', timeout_s=30.0) is None
+        assert worker.call("builtins:abs", -3, timeout_s=30.0) == 3  # its own answer, not a stale one
+        assert worker.restarts == 0  # nor was a printed line taken for a dead worker
+    finally:
+        worker.close()
