@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextvars
 import json
 import logging
 import os
@@ -25,11 +26,30 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "agentenv.tasks._mathworker"
+
+
+class WaitClock:
+    """The seconds a scoring spent waiting for the worker (another check holding it, a restart): not its
+    check's own time, so the reward gate does not charge them to its limit (`agentenv.tasks.rewards`)."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0
+        self.since: float | None = None  # a wait under way began then (time.monotonic)
+
+    def excused(self) -> float:
+        """The seconds waited so far, a wait under way included."""
+        since = self.since
+        return self.waited + (time.monotonic() - since if since is not None else 0.0)
+
+
+WAIT_CLOCK: contextvars.ContextVar[WaitClock | None] = contextvars.ContextVar("verifier_wait_clock", default=None)
+"""The clock of the scoring now running in this context (set by the reward gate's thread)."""
 
 
 class VerifierTimeout(Exception):
@@ -128,6 +148,9 @@ class VerifierWorker:
         """
         line = base64.b64encode(pickle.dumps((path, args))).decode() + "\n"
         module = path.split(":")[0]
+        clock = WAIT_CLOCK.get()
+        if clock is not None:
+            clock.since = time.monotonic()
         with self._lock:
             if module not in self._modules:  # a new module: a fresh worker imports it first, outside the call's limit
                 self._modules.append(module)
@@ -135,6 +158,8 @@ class VerifierWorker:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = self._start()
             proc = self._proc
+            if clock is not None and clock.since is not None:
+                clock.waited, clock.since = clock.excused(), None  # the check's own time starts here
             assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.write(line)

@@ -6,6 +6,7 @@ on "-inf" raise; countdown on "1e999999" ran 65 s), driven through a real AgentE
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
@@ -20,13 +21,19 @@ from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout import run_episode
 from agentenv.rollout.endpoint.agent import AgentRunner
 from agentenv.rollout.engine import RolloutConfig
+from agentenv.tasks import rewards
 from agentenv.tasks.rewards import (
     REWARD_ERROR_KINDS,
     RewardError,
+    RewardGate,
+    RewardResult,
+    bounded,
     check_reward,
     get_reward,
     reward_error_counts,
+    verifier_timeout_s,
 )
+from agentenv.tasks.worker import get_worker
 from agentenv.types import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=200)
@@ -173,3 +180,27 @@ def test_what_a_check_prints_is_not_taken_for_its_answer_nor_the_next_ones():
         assert worker.restarts == 0  # nor was a printed line taken for a dead worker
     finally:
         worker.close()
+
+
+@bounded(0.0, 1.0)
+def runaway_check(response, task, tool_calls):
+    return get_worker().call("time:sleep", 600, timeout_s=verifier_timeout_s())  # killed at the limit
+
+
+@bounded(0.0, 1.0)
+def quick_check(response, task, tool_calls):
+    return RewardResult(float(get_worker().call("builtins:abs", -1, timeout_s=verifier_timeout_s())), True, True)
+
+
+@pytest.mark.slow
+async def test_a_check_queued_behind_a_runaway_one_is_not_cut_off_for_the_wait(monkeypatch):
+    """The worker runs one check at a time: an honest episode's check waits for another episode's runaway
+    one (then for the worker's restart). That wait is not its check's time: it was cut off at its gate's
+    limit and a right answer scored the minimum, one episode's attack costing another its reward."""
+    monkeypatch.setattr(rewards, "_BACKSTOP_S", 0.5)
+    task = make_task("1?", "1")
+    runaway = asyncio.create_task(RewardGate(runaway_check, timeout_s=2.5).score("x", task, {}))
+    await asyncio.sleep(0.3)  # the runaway check holds the worker
+    honest = await RewardGate(quick_check, timeout_s=0.5).score("1", task, {})
+    assert (await runaway).error == "verifier_timeout"
+    assert honest.error is None and honest.score == 1.0
