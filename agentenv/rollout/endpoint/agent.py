@@ -22,8 +22,8 @@ train it: a run config with `rollout.agent` and such an algorithm is refused.
 from __future__ import annotations
 
 import asyncio
-import math
 import inspect
+import math
 import time
 from collections import Counter
 from typing import Any
