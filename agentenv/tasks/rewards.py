@@ -342,8 +342,8 @@ def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int
     score = check_reward(_raw_score(raw), bounds, name)
     try:
         r = as_reward_result(raw)
-    except TypeError as e:
-        raise RewardError("not_a_number", str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a verdict that cannot be read (bool() of it raises): this episode's error
+        raise RewardError("not_a_number", f"{name} gave a result that cannot be read ({type(e).__name__}: {e})") from None
     return r if r.score == score else replace(r, score=score)
 
 

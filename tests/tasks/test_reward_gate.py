@@ -204,3 +204,41 @@ async def test_a_check_queued_behind_a_runaway_one_is_not_cut_off_for_the_wait(m
     honest = await RewardGate(quick_check, timeout_s=0.5).score("1", task, {})
     assert (await runaway).error == "verifier_timeout"
     assert honest.error is None and honest.score == 1.0
+
+
+@bounded(0.0, 1.0)
+def unreadable_verdict(response, task, tool_calls):
+    import numpy as np
+
+    return 1.0, np.array([True, False])  # a finite score, but a `correct` no bool can be made of
+
+
+async def test_a_reward_result_that_cannot_be_read_fails_its_episode_only_counted(tok):
+    """A score that passes the gate with a verdict that cannot be read (bool() of it raises) escaped as a
+    ValueError: through the endpoint it failed the whole group, other episodes' answers included."""
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(answer_agent, chat, unreadable_verdict, RolloutConfig(), 4096)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 2, PARAMS, seed=0)
+    finally:
+        await runner.aclose()
+    assert len(group) == 2 and all(t.failed and t.reward == 0.0 for t in group)
+    assert reward_error_counts(group.trajectories)["reward_errors/not_a_number"] == 2.0
+    assert "unreadable_verdict" in group.trajectories[0].error
+
+
+async def scored_with_a_list_of_parts(client, task):
+    from agentenv.tasks.rewards import Scored
+
+    await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    return Scored(1.0, True, parts=[1.0])  # type: ignore[arg-type]  # parts must be a mapping
+
+
+async def test_an_environments_score_that_cannot_be_read_fails_its_episode_only(tok):
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(scored_with_a_list_of_parts, chat, get_reward("exact"), RolloutConfig(), 4096)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 2, PARAMS, seed=0)
+    finally:
+        await runner.aclose()
+    assert len(group) == 2 and all(t.failed and t.reward == 0.0 and "scoring failed" in t.error for t in group)
