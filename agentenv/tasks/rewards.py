@@ -53,11 +53,13 @@ A reward of your own that reads tags should do the same (`turns_of(response)`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import math
 import numbers
 import re
 import string
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -354,6 +356,20 @@ def _wrong(kind: str, why: str, bounds: tuple[float, float]) -> RewardResult:
     return RewardResult(bounds[0], False, False, None, why[:300], error=kind)
 
 
+_SCORERS: concurrent.futures.ThreadPoolExecutor | None = None
+_SCORERS_LOCK = threading.Lock()
+
+
+def _scoring_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads rewards are scored in: their own, so a reward function the gate gave up on (its thread runs on)
+    holds one of these, never one of the loop's default executor (the hf policy's decode steps run there)."""
+    global _SCORERS
+    with _SCORERS_LOCK:
+        if _SCORERS is None:
+            _SCORERS = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="agentenv-reward")
+        return _SCORERS
+
+
 class RewardGate:
     """The one door every reward enters by: a reward function's score (the env's, an agent's answer) or
     a number from elsewhere (an agent's own float) must be a finite number within the reward's range.
@@ -372,8 +388,8 @@ class RewardGate:
         """Score in a worker thread (a check may take seconds and must not stall other episodes).
 
         A function that bounds none of its work runs past the limit in its
-        thread; the gate stops waiting `_BACKSTOP_S` later and scores it as a
-        timeout. Time spent waiting for the verifier worker (another episode's
+        thread (one of the gate's own, not the loop's default executor); the
+        gate stops waiting `_BACKSTOP_S` later and scores it as a timeout. Time spent waiting for the verifier worker (another episode's
         check holding it, its restart) is not charged: one episode's runaway
         check must not cut off another's.
 
@@ -381,8 +397,8 @@ class RewardGate:
             RewardError: As `gated_score`.
         """
         clock = WaitClock()
-        run = asyncio.ensure_future(asyncio.to_thread(gated_score, self.fn, response, task, dict(tool_calls),
-                                                      self.timeout_s, clock))  # fmt: skip
+        run = asyncio.get_running_loop().run_in_executor(_scoring_threads(), gated_score, self.fn, response, task,
+                                                         dict(tool_calls), self.timeout_s, clock)  # fmt: skip
         start, limit = time.monotonic(), self.timeout_s + _BACKSTOP_S
         while (left := start + limit + clock.excused() - time.monotonic()) > 0:
             done, _ = await asyncio.wait({run}, timeout=left)

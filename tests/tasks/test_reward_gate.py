@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import threading
 import time
 
 import pytest
@@ -242,3 +243,26 @@ async def test_an_environments_score_that_cannot_be_read_fails_its_episode_only(
     finally:
         await runner.aclose()
     assert len(group) == 2 and all(t.failed and t.reward == 0.0 and "scoring failed" in t.error for t in group)
+
+
+_release = threading.Event()
+
+
+@bounded(0.0, 1.0)
+def hangs_in_its_thread(response, task, tool_calls):
+    _release.wait(60)  # a user's reward that bounds none of its work (a regex that backtracks for ever)
+    return 0.0
+
+
+async def test_reward_functions_hung_in_their_threads_leave_the_loops_threads_free(monkeypatch):
+    """The gate gives up on a reward function that bounds none of its work, but its thread runs on: in the loop's
+    default executor, 40 of them took every thread, and the loop's other work waiting for a thread (the hf
+    policy's decode steps, MCP closes) waited behind them."""
+    monkeypatch.setattr(rewards, "_BACKSTOP_S", 0.1)
+    gate = RewardGate(hangs_in_its_thread, timeout_s=0.1)
+    try:
+        results = await asyncio.gather(*(gate.score("x", make_task("1?", "1"), {}) for _ in range(40)))
+        assert all(r.error == "verifier_timeout" for r in results)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5.0) == 42
+    finally:
+        _release.set()
