@@ -111,17 +111,24 @@ async def answer_agent(client, task) -> str:
     return resp.choices[0].message.content or ""
 
 
+async def agent_group(tok, agent, reward_fn, n: int, reply: str = "5", task=None, **runner_kw):
+    """`n` episodes of `agent` through the real endpoint, the policy replying `reply`; the group and the runner's metrics."""
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(agent, chat, reward_fn, RolloutConfig(), 4096, **runner_kw)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: reply), task or make_task("2 + 3?", "5"), n,
+                                       PARAMS, seed=0)  # fmt: skip
+        return group, runner.metrics()
+    finally:
+        await runner.aclose()
+
+
 async def test_an_agents_nan_fails_its_episode_only_and_the_advantages_stay_finite(tok):
     from agentenv.algorithms import get_algorithm
 
     global _episodes
     _episodes = itertools.count()
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(nan_once_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, nan_once_agent, get_reward("exact"), 3)
     bad = [t for t in group if t.failed]
     assert len(bad) == 1 and "nan" in bad[0].error and bad[0].info["reward"]["error"] == "nan"
     assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
@@ -142,13 +149,7 @@ async def scored_nan_part_agent(client, task):
 async def test_a_rubrics_nan_part_fails_its_episode_only(tok):
     global _episodes
     _episodes = itertools.count()
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(scored_nan_part_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
-        parts = runner.metrics()
-    finally:
-        await runner.aclose()
+    group, parts = await agent_group(tok, scored_nan_part_agent, get_reward("exact"), 3)
     bad = [t for t in group if t.failed]
     assert len(bad) == 1 and bad[0].info["reward"]["error"] == "nan" and "'format'" in bad[0].error
     assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
@@ -156,13 +157,8 @@ async def test_a_rubrics_nan_part_fails_its_episode_only(tok):
 
 
 async def test_an_agents_answer_whose_verifier_raises_scores_the_minimum_and_the_group_goes_on(tok):
-    task = rg_task("boxnet")
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(answer_agent, chat, get_reward("reasoning_gym"), RolloutConfig(), 4096, reward_timeout_s=120.0)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "0"), task, 2, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, answer_agent, get_reward("reasoning_gym"), 2, "0", rg_task("boxnet"),
+                                 reward_timeout_s=120.0)  # fmt: skip
     assert len(group) == 2 and not any(t.failed for t in group), [t.error for t in group]
     assert all(t.reward == 0.0 and t.info["reward"]["error"] == "verifier_raised" for t in group)
 
@@ -217,12 +213,7 @@ def unreadable_verdict(response, task, tool_calls):
 async def test_a_reward_result_that_cannot_be_read_fails_its_episode_only_counted(tok):
     """A score that passes the gate with a verdict that cannot be read (bool() of it raises) escaped as a
     ValueError: through the endpoint it failed the whole group, other episodes' answers included."""
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(answer_agent, chat, unreadable_verdict, RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 2, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, answer_agent, unreadable_verdict, 2)
     assert len(group) == 2 and all(t.failed and t.reward == 0.0 for t in group)
     assert reward_error_counts(group.trajectories)["reward_errors/not_a_number"] == 2.0
     assert "unreadable_verdict" in group.trajectories[0].error
@@ -236,12 +227,7 @@ async def scored_with_a_list_of_parts(client, task):
 
 
 async def test_an_environments_score_that_cannot_be_read_fails_its_episode_only(tok):
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(scored_with_a_list_of_parts, chat, get_reward("exact"), RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 2, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, scored_with_a_list_of_parts, get_reward("exact"), 2)
     assert len(group) == 2 and all(t.failed and t.reward == 0.0 and "scoring failed" in t.error for t in group)
 
 
