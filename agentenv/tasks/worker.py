@@ -148,18 +148,8 @@ class VerifierWorker:
         """
         line = base64.b64encode(pickle.dumps((path, args))).decode() + "\n"
         module = path.split(":")[0]
-        clock = WAIT_CLOCK.get()
-        if clock is not None:
-            clock.since = time.monotonic()
-        with self._lock:
-            if module not in self._modules:  # a new module: a fresh worker imports it first, outside the call's limit
-                self._modules.append(module)
-                self._stop()
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
-            if clock is not None and clock.since is not None:
-                clock.waited, clock.since = clock.excused(), None  # the check's own time starts here
+        proc = self._take(module)
+        try:
             assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.write(line)
@@ -173,9 +163,33 @@ class VerifierWorker:
                 self._proc = None
                 self.restarts += 1
                 raise VerifierTimeout(f"{path} gave no answer within {timeout_s:g} s (cut off)")
+        finally:
+            self._lock.release()
         if "error" in reply:
             raise VerifierFailed(reply["error"])
         return reply["value"]
+
+    def _take(self, module: str) -> subprocess.Popen:
+        """The worker, held (the lock: one check at a time) and started with `module` imported. The time this
+        takes is the scoring's `WaitClock`'s, not the call's (another check holds it; a restart imports)."""
+        clock = WAIT_CLOCK.get()
+        if clock is not None:
+            clock.since = time.monotonic()
+        try:
+            self._lock.acquire()
+            try:
+                if module not in self._modules:  # a new module: a fresh worker imports it first, outside the call's limit
+                    self._modules.append(module)
+                    self._stop()
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = self._start()
+                return self._proc
+            except BaseException:
+                self._lock.release()
+                raise
+        finally:
+            if clock is not None and clock.since is not None:
+                clock.waited, clock.since = clock.excused(), None  # the check's own time starts now
 
     def _stop(self) -> None:
         if self._proc is not None:
