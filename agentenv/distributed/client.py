@@ -325,8 +325,21 @@ class RayPolicy:
     # ------------------------------------------------------------------ observation and lifetime
 
     def worker_info(self) -> list[dict[str, Any]]:
-        """Each live worker's `RolloutWorker.info()` (pid, node, version, engine counters)."""
-        return [ray.get(self.workers[i].info.remote()) for i in self.router.live()]
+        """Each live worker's `RolloutWorker.info()` (pid, node, version, engine counters).
+
+        Raises:
+            InfraError: A worker did not answer within `rollout.ray.timeout_s`.
+        """
+        return self._ask_live("info", lambda w: w.info.remote())
+
+    def _ask_live(self, what: str, call: Callable[[Any], Any]) -> list[Any]:
+        """`call(worker)` of every live worker, answered within `timeout_s` (a hung engine is named, not waited on)."""
+        live = self.router.live()
+        try:
+            return list(ray.get([call(self.workers[i]) for i in live], timeout=self.timeout_s))
+        except GetTimeoutError:
+            raise InfraError(f"rollout workers {live} did not all answer {what}() within "
+                             f"rollout.ray.timeout_s={self.timeout_s:g} s") from None  # fmt: skip
 
     def metrics(self) -> dict[str, float]:
         """Engine counters summed over the live workers; the prefix-cache hit rate over all of them."""
@@ -341,7 +354,7 @@ class RayPolicy:
         return out
 
     def reset_metrics(self) -> None:
-        ray.get([self.workers[i].reset_metrics.remote() for i in self.router.live()])
+        self._ask_live("reset_metrics", lambda w: w.reset_metrics.remote())
 
     def close(self) -> None:
         """The owner shuts every engine down and ends the actors; others only let go. Idempotent."""

@@ -255,25 +255,33 @@ class HFPolicy:
         Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped. A
         name the model does not have raises ValueError. Sequences decoding at
         that moment continue with the new weights, over a cache recomputed by them.
+        A push that raises part way (a bad name or shape) is still a new version
+        when it copied anything: the weights changed, so the old version no
+        longer names them (the tensors stream in one at a time: none is kept to
+        check them all first).
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         state = self.model.state_dict(keep_vars=True)
         unknown = []
+        copied = 0
         with self._lock:
-            for name, tensor in items:
-                key = name
-                for prefix in ("module.", "_orig_mod."):
-                    while key.startswith(prefix):
-                        key = key[len(prefix) :]
-                target = state.get(key)
-                if target is None:
-                    unknown.append(name)
-                    continue
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}")
-                target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
-            if not unknown:
-                self.weight_version += 1
+            try:
+                for name, tensor in items:
+                    key = name
+                    for prefix in ("module.", "_orig_mod."):
+                        while key.startswith(prefix):
+                            key = key[len(prefix) :]
+                    target = state.get(key)
+                    if target is None:
+                        unknown.append(name)
+                        continue
+                    if tuple(target.shape) != tuple(tensor.shape):
+                        raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}")
+                    target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+                    copied += 1
+            finally:
+                if copied:
+                    self.weight_version += 1
         if unknown:
             raise ValueError(f"load_weights: the model has no parameter named {unknown[:5]} ({len(unknown)} unknown)")
 

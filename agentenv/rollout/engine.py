@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from agentenv.errors import InfraError
 from agentenv.policies.base import Policy
 from agentenv.policies.routing import ROUTE_KEY
 from agentenv.rollout.config import MIN_EPISODE_TIMEOUT_S, RolloutConfig  # noqa: F401  (re-exported: RolloutConfig's home was here)
+from agentenv.tasks.rewards import RewardError, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
 
@@ -232,6 +234,12 @@ class Episode:
         traj.gen_time_s = self.gen_time_s
         traj.info["generated_tokens"] = self.generated_tokens
         traj.info["seed"] = self.seed
+        if not traj.failed:  # an env class of the user's builds its own trajectory: its reward passes the gate here
+            try:
+                check_reward(traj.reward, (-math.inf, math.inf), f"{type(self.env).__name__}'s reward")
+            except RewardError as e:
+                traj.failed, traj.error, traj.finish_reason, traj.reward = True, str(e), "error", 0.0
+                traj.info["reward"] = {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
         return traj
 
     def failed_trajectory(self, task: Task, error: BaseException | str) -> Trajectory:

@@ -53,11 +53,14 @@ A reward of your own that reads tags should do the same (`turns_of(response)`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import math
 import numbers
 import re
 import string
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -67,7 +70,7 @@ from agentenv.errors import ConfigError
 from agentenv.registry import Registry
 from agentenv.tasks.mathcheck import math_equal, normalize_math, unwrap_text
 from agentenv.tasks.task import Task
-from agentenv.tasks.worker import VerifierTimeout
+from agentenv.tasks.worker import WAIT_CLOCK, VerifierTimeout, WaitClock
 from agentenv.types import turns_of
 
 FORMAT_TAGS: tuple[str, ...] = ("think", "search", "python", "browse", "answer")
@@ -316,7 +319,7 @@ def _raw_score(r: Any) -> Any:
 
 
 def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int],
-                timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S) -> RewardResult:  # fmt: skip
+                timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S, clock: WaitClock | None = None) -> RewardResult:  # fmt: skip
     """`fn(response, task, tool_calls)` through the gate (synchronous; the env runs it in a thread).
 
     A verifier that raises, or that its worker cut off after `timeout_s`,
@@ -328,7 +331,7 @@ def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int
     """
     name = getattr(fn, "__name__", "the reward")
     bounds = reward_range(fn)
-    token = _VERIFIER_TIMEOUT.set(timeout_s)
+    token, waits = _VERIFIER_TIMEOUT.set(timeout_s), WAIT_CLOCK.set(clock)
     try:
         raw = fn(response, task, tool_calls)
     except VerifierTimeout as e:
@@ -336,12 +339,13 @@ def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int
     except Exception as e:  # noqa: BLE001 - a verifier's bug on the model's text: the answer is wrong
         return _wrong("verifier_raised", f"{name} raised {type(e).__name__}: {e}", bounds)
     finally:
+        WAIT_CLOCK.reset(waits)
         _VERIFIER_TIMEOUT.reset(token)
     score = check_reward(_raw_score(raw), bounds, name)
     try:
         r = as_reward_result(raw)
-    except TypeError as e:
-        raise RewardError("not_a_number", str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a verdict that cannot be read (bool() of it raises): this episode's error
+        raise RewardError("not_a_number", f"{name} gave a result that cannot be read ({type(e).__name__}: {e})") from None
     return r if r.score == score else replace(r, score=score)
 
 
@@ -350,6 +354,20 @@ def _wrong(kind: str, why: str, bounds: tuple[float, float]) -> RewardResult:
         raise RewardError(kind, f"{why}; it declares no range (agentenv.tasks.rewards.bounded), so there is no "
                                 "minimum to score the answer with")  # fmt: skip
     return RewardResult(bounds[0], False, False, None, why[:300], error=kind)
+
+
+_SCORERS: concurrent.futures.ThreadPoolExecutor | None = None
+_SCORERS_LOCK = threading.Lock()
+
+
+def _scoring_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads rewards are scored in: their own, so a reward function the gate gave up on (its thread runs on)
+    holds one of these, never one of the loop's default executor (the hf policy's decode steps run there)."""
+    global _SCORERS
+    with _SCORERS_LOCK:
+        if _SCORERS is None:
+            _SCORERS = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="agentenv-reward")
+        return _SCORERS
 
 
 class RewardGate:
@@ -370,18 +388,25 @@ class RewardGate:
         """Score in a worker thread (a check may take seconds and must not stall other episodes).
 
         A function that bounds none of its work runs past the limit in its
-        thread; the gate stops waiting `_BACKSTOP_S` later and scores it as a
-        timeout.
+        thread (one of the gate's own, not the loop's default executor); the
+        gate stops waiting `_BACKSTOP_S` later and scores it as a timeout. Time spent waiting for the verifier worker (another episode's
+        check holding it, its restart) is not charged: one episode's runaway
+        check must not cut off another's.
 
         Raises:
             RewardError: As `gated_score`.
         """
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(gated_score, self.fn, response, task, dict(tool_calls),
-                                                            self.timeout_s), self.timeout_s + _BACKSTOP_S)  # fmt: skip
-        except TimeoutError:
-            name = getattr(self.fn, "__name__", "the reward")
-            return _wrong("verifier_timeout", f"{name} gave no score within {self.timeout_s + _BACKSTOP_S:g} s", self.bounds)
+        clock = WaitClock()
+        run = asyncio.get_running_loop().run_in_executor(_scoring_threads(), gated_score, self.fn, response, task,
+                                                         dict(tool_calls), self.timeout_s, clock)  # fmt: skip
+        start, limit = time.monotonic(), self.timeout_s + _BACKSTOP_S
+        while (left := start + limit + clock.excused() - time.monotonic()) > 0:
+            done, _ = await asyncio.wait({run}, timeout=left)
+            if done:
+                return run.result()
+        run.cancel()  # the thread runs on; nobody waits for it
+        name = getattr(self.fn, "__name__", "the reward")
+        return _wrong("verifier_timeout", f"{name} gave no score within {limit:g} s", self.bounds)
 
     def check(self, value: Any, source: str) -> float:
         """A number from outside a reward function (an agent's float), held to the reward's range."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextvars
 import json
 import logging
 import os
@@ -25,11 +26,30 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "agentenv.tasks._mathworker"
+
+
+class WaitClock:
+    """The seconds a scoring spent waiting for the worker (another check holding it, a restart): not its
+    check's own time, so the reward gate does not charge them to its limit (`agentenv.tasks.rewards`)."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0
+        self.since: float | None = None  # a wait under way began then (time.monotonic)
+
+    def excused(self) -> float:
+        """The seconds waited so far, a wait under way included."""
+        since = self.since
+        return self.waited + (time.monotonic() - since if since is not None else 0.0)
+
+
+WAIT_CLOCK: contextvars.ContextVar[WaitClock | None] = contextvars.ContextVar("verifier_wait_clock", default=None)
+"""The clock of the scoring now running in this context (set by the reward gate's thread)."""
 
 
 class VerifierTimeout(Exception):
@@ -55,6 +75,11 @@ def worker_main() -> None:
     """Import the modules named on the command line, then answer base64-pickled `(path, args)` lines on stdin
     with `{"value": ...}` or `{"error": ...}` JSON lines."""
     _limit_resources()
+    # The replies get their own copy of stdout; fd 1 goes where stderr goes (nowhere), so a check or an import
+    # that prints (tower_of_hanoi's "Error validating move ...") is never read as a reply nor shifts the next
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
     import importlib
 
     import sympy  # noqa: F401  (warm: the first math check should not pay for the import)
@@ -64,7 +89,7 @@ def worker_main() -> None:
     for module in sys.argv[1:]:  # what the last worker ran: a restart pays its imports before it is ready
         importlib.import_module(module)
 
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True}), file=replies, flush=True)
     for line in sys.stdin:
         try:
             path, args = pickle.loads(base64.b64decode(line))
@@ -72,7 +97,7 @@ def worker_main() -> None:
             reply = json.dumps({"value": value})
         except Exception as e:  # noqa: BLE001 - the caller decides what a failed check means
             reply = json.dumps({"error": f"{type(e).__name__}: {e}"[:300]})
-        print(reply, flush=True)
+        print(reply, file=replies, flush=True)
 
 
 class VerifierWorker:
@@ -123,13 +148,8 @@ class VerifierWorker:
         """
         line = base64.b64encode(pickle.dumps((path, args))).decode() + "\n"
         module = path.split(":")[0]
-        with self._lock:
-            if module not in self._modules:  # a new module: a fresh worker imports it first, outside the call's limit
-                self._modules.append(module)
-                self._stop()
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
+        proc = self._take(module)
+        try:
             assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.write(line)
@@ -143,9 +163,33 @@ class VerifierWorker:
                 self._proc = None
                 self.restarts += 1
                 raise VerifierTimeout(f"{path} gave no answer within {timeout_s:g} s (cut off)")
+        finally:
+            self._lock.release()
         if "error" in reply:
             raise VerifierFailed(reply["error"])
         return reply["value"]
+
+    def _take(self, module: str) -> subprocess.Popen:
+        """The worker, held (the lock: one check at a time) and started with `module` imported. The time this
+        takes is the scoring's `WaitClock`'s, not the call's (another check holds it; a restart imports)."""
+        clock = WAIT_CLOCK.get()
+        if clock is not None:
+            clock.since = time.monotonic()
+        try:
+            self._lock.acquire()
+            try:
+                if module not in self._modules:  # a new module: a fresh worker imports it first, outside the call's limit
+                    self._modules.append(module)
+                    self._stop()
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = self._start()
+                return self._proc
+            except BaseException:
+                self._lock.release()
+                raise
+        finally:
+            if clock is not None and clock.since is not None:
+                clock.waited, clock.since = clock.excused(), None  # the check's own time starts now
 
     def _stop(self) -> None:
         if self._proc is not None:

@@ -92,6 +92,26 @@ def test_a_games_reward_goes_through_the_gate(tiny_tokenizer, monkeypatch, bad, 
     assert traj.info["reward"]["error"] == kind
 
 
+@pytest.mark.parametrize("bad, kind", [(float("nan"), "nan"), (float("inf"), "inf")])
+def test_an_env_classs_own_trajectory_reward_goes_through_the_gate(tiny_tokenizer, monkeypatch, bad, kind):
+    """An env.class need only satisfy EpisodeEnv: one that builds its own trajectory, not through a TextEnv's
+    or an AgentEnv's gate, had its reward reach the advantages unchecked (a NaN skipped the whole update)."""
+    import guess_env
+
+    built = guess_env.GuessEnv.trajectory
+
+    def trajectory(self):
+        traj = built(self)
+        traj.reward = bad
+        return traj
+
+    monkeypatch.setattr(guess_env.GuessEnv, "trajectory", trajectory)
+    _, traj = play(tiny_tokenizer, ["{secret}<|im_end|>"])
+    assert traj.failed and traj.reward == 0.0 and "GuessEnv" in traj.error
+    assert traj.info["reward"]["error"] == kind
+    assert traj.token_ids  # the episode's tokens are kept (failed: masked, not lost)
+
+
 def test_fork_copies_the_game_state(tiny_tokenizer):
     cfg = guess_config()
     task = cfg.env.tasks.load().train[1]

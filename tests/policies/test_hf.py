@@ -271,6 +271,33 @@ def test_load_weights_changes_outputs(small_policy, small_tokenizer):
     assert small_policy.weight_version == v0 + 1  # a refused push is no new version
 
 
+def test_a_push_refused_part_way_is_a_new_version_of_the_weights_it_changed(small_tokenizer):
+    """A push whose names or shapes are wrong part way has copied the tensors before the bad one: the model's
+    weights changed, so its tokens must not keep the old version (a row decoding across the failed push went on
+    with the new weights over the old cache, stamped with the old version)."""
+    tok = small_tokenizer
+    policy = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=make_small_model(len(tok), seed=0), tokenizer=tok)
+    other = make_small_model(len(tok), seed=1).state_dict()
+    prompt, params = _prompt(tok), SamplingParams(max_tokens=6, temperature=0.0)
+    v0 = policy.weight_version
+    with pytest.raises(ValueError, match="no parameter named"):
+        policy.load_weights({**other, "not.a.weight": torch.zeros(1)})
+    assert policy.weight_version == v0 + 1
+    first, *_ = other
+    bad = {k: v for k, v in make_small_model(len(tok), seed=0).state_dict().items()}
+    bad[first] = torch.zeros(3)  # the first tensor has the wrong shape: nothing copied, no new version
+    with pytest.raises(ValueError, match="has shape"):
+        policy.load_weights(bad)
+    assert policy.weight_version == v0 + 1
+    last = list(other)[-1]
+    bad = dict(make_small_model(len(tok), seed=0).state_dict())
+    bad[last] = torch.zeros(3)  # the last has: every other tensor was copied
+    with pytest.raises(ValueError, match="has shape"):
+        policy.load_weights(bad)
+    assert policy.weight_version == v0 + 2
+    assert policy.generate_sync(prompt, params).versions[0] == v0 + 2
+
+
 def test_a_token_pushed_mid_turn_is_sampled_by_the_weights_its_version_names(small_tokenizer):
     """Pushes of DIFFERENT weights land between decode steps of three turns. Every token, recomputed under the
     weights its version names (the whole context by those weights alone), has the sampler's logprob: the cache the

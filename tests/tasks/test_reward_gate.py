@@ -6,8 +6,10 @@ on "-inf" raise; countdown on "1e999999" ran 65 s), driven through a real AgentE
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+import threading
 import time
 
 import pytest
@@ -20,13 +22,19 @@ from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout import run_episode
 from agentenv.rollout.endpoint.agent import AgentRunner
 from agentenv.rollout.engine import RolloutConfig
+from agentenv.tasks import rewards
 from agentenv.tasks.rewards import (
     REWARD_ERROR_KINDS,
     RewardError,
+    RewardGate,
+    RewardResult,
+    bounded,
     check_reward,
     get_reward,
     reward_error_counts,
+    verifier_timeout_s,
 )
+from agentenv.tasks.worker import get_worker
 from agentenv.types import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=200)
@@ -103,17 +111,24 @@ async def answer_agent(client, task) -> str:
     return resp.choices[0].message.content or ""
 
 
+async def agent_group(tok, agent, reward_fn, n: int, reply: str = "5", task=None, **runner_kw):
+    """`n` episodes of `agent` through the real endpoint, the policy replying `reply`; the group and the runner's metrics."""
+    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
+    runner = AgentRunner(agent, chat, reward_fn, RolloutConfig(), 4096, **runner_kw)
+    try:
+        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: reply), task or make_task("2 + 3?", "5"), n,
+                                       PARAMS, seed=0)  # fmt: skip
+        return group, runner.metrics()
+    finally:
+        await runner.aclose()
+
+
 async def test_an_agents_nan_fails_its_episode_only_and_the_advantages_stay_finite(tok):
     from agentenv.algorithms import get_algorithm
 
     global _episodes
     _episodes = itertools.count()
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(nan_once_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, nan_once_agent, get_reward("exact"), 3)
     bad = [t for t in group if t.failed]
     assert len(bad) == 1 and "nan" in bad[0].error and bad[0].info["reward"]["error"] == "nan"
     assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
@@ -134,13 +149,7 @@ async def scored_nan_part_agent(client, task):
 async def test_a_rubrics_nan_part_fails_its_episode_only(tok):
     global _episodes
     _episodes = itertools.count()
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(scored_nan_part_agent, chat, get_reward("exact"), RolloutConfig(), 4096)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "5"), make_task("2 + 3?", "5"), 3, PARAMS, seed=0)
-        parts = runner.metrics()
-    finally:
-        await runner.aclose()
+    group, parts = await agent_group(tok, scored_nan_part_agent, get_reward("exact"), 3)
     bad = [t for t in group if t.failed]
     assert len(bad) == 1 and bad[0].info["reward"]["error"] == "nan" and "'format'" in bad[0].error
     assert [t.reward for t in group if not t.failed] == [1.0, 1.0]
@@ -148,12 +157,98 @@ async def test_a_rubrics_nan_part_fails_its_episode_only(tok):
 
 
 async def test_an_agents_answer_whose_verifier_raises_scores_the_minimum_and_the_group_goes_on(tok):
-    task = rg_task("boxnet")
-    chat = ChatTemplate.from_config(tok, "chatml_hermes", {})
-    runner = AgentRunner(answer_agent, chat, get_reward("reasoning_gym"), RolloutConfig(), 4096, reward_timeout_s=120.0)
-    try:
-        group = await runner.run_group(ScriptedPolicy(tok, lambda prompt: "0"), task, 2, PARAMS, seed=0)
-    finally:
-        await runner.aclose()
+    group, _ = await agent_group(tok, answer_agent, get_reward("reasoning_gym"), 2, "0", rg_task("boxnet"),
+                                 reward_timeout_s=120.0)  # fmt: skip
     assert len(group) == 2 and not any(t.failed for t in group), [t.error for t in group]
     assert all(t.reward == 0.0 and t.info["reward"]["error"] == "verifier_raised" for t in group)
+
+
+def test_what_a_check_prints_is_not_taken_for_its_answer_nor_the_next_ones():
+    """A verifier that prints (reasoning-gym's tower_of_hanoi prints "Error validating move ..." on a bad move)
+    must not speak on the worker's reply channel: a printed "1" was taken for the reply (a TypeError), and
+    the real reply was then read as the *next* call's answer, one episode's verdict given to another."""
+    from agentenv.tasks.worker import VerifierWorker
+
+    worker = VerifierWorker()
+    try:
+        assert worker.call("builtins:print", "1", timeout_s=30.0) is None  # print's own value
+        assert worker.call("builtins:print", '{"value": 1.0}', timeout_s=30.0) is None
+        assert worker.call("builtins:abs", -3, timeout_s=30.0) == 3  # its own answer, not a stale one
+        assert worker.restarts == 0  # nor was a printed line taken for a dead worker
+    finally:
+        worker.close()
+
+
+@bounded(0.0, 1.0)
+def runaway_check(response, task, tool_calls):
+    return get_worker().call("time:sleep", 600, timeout_s=verifier_timeout_s())  # killed at the limit
+
+
+@bounded(0.0, 1.0)
+def quick_check(response, task, tool_calls):
+    return RewardResult(float(get_worker().call("builtins:abs", -1, timeout_s=verifier_timeout_s())), True, True)
+
+
+@pytest.mark.slow
+async def test_a_check_queued_behind_a_runaway_one_is_not_cut_off_for_the_wait(monkeypatch):
+    """The worker runs one check at a time: an honest episode's check waits for another episode's runaway
+    one (then for the worker's restart). That wait is not its check's time: it was cut off at its gate's
+    limit and a right answer scored the minimum, one episode's attack costing another its reward."""
+    monkeypatch.setattr(rewards, "_BACKSTOP_S", 0.5)
+    task = make_task("1?", "1")
+    runaway = asyncio.create_task(RewardGate(runaway_check, timeout_s=2.5).score("x", task, {}))
+    await asyncio.sleep(0.3)  # the runaway check holds the worker
+    honest = await RewardGate(quick_check, timeout_s=0.5).score("1", task, {})
+    assert (await runaway).error == "verifier_timeout"
+    assert honest.error is None and honest.score == 1.0
+
+
+@bounded(0.0, 1.0)
+def unreadable_verdict(response, task, tool_calls):
+    import numpy as np
+
+    return 1.0, np.array([True, False])  # a finite score, but a `correct` no bool can be made of
+
+
+async def test_a_reward_result_that_cannot_be_read_fails_its_episode_only_counted(tok):
+    """A score that passes the gate with a verdict that cannot be read (bool() of it raises) escaped as a
+    ValueError: through the endpoint it failed the whole group, other episodes' answers included."""
+    group, _ = await agent_group(tok, answer_agent, unreadable_verdict, 2)
+    assert len(group) == 2 and all(t.failed and t.reward == 0.0 for t in group)
+    assert reward_error_counts(group.trajectories)["reward_errors/not_a_number"] == 2.0
+    assert "unreadable_verdict" in group.trajectories[0].error
+
+
+async def scored_with_a_list_of_parts(client, task):
+    from agentenv.tasks.rewards import Scored
+
+    await client.chat.completions.create(model="agentenv", messages=[{"role": "user", "content": task.question}])
+    return Scored(1.0, True, parts=[1.0])  # type: ignore[arg-type]  # parts must be a mapping
+
+
+async def test_an_environments_score_that_cannot_be_read_fails_its_episode_only(tok):
+    group, _ = await agent_group(tok, scored_with_a_list_of_parts, get_reward("exact"), 2)
+    assert len(group) == 2 and all(t.failed and t.reward == 0.0 and "scoring failed" in t.error for t in group)
+
+
+_release = threading.Event()
+
+
+@bounded(0.0, 1.0)
+def hangs_in_its_thread(response, task, tool_calls):
+    _release.wait(60)  # a user's reward that bounds none of its work (a regex that backtracks for ever)
+    return 0.0
+
+
+async def test_reward_functions_hung_in_their_threads_leave_the_loops_threads_free(monkeypatch):
+    """The gate gives up on a reward function that bounds none of its work, but its thread runs on: in the loop's
+    default executor, 40 of them took every thread, and the loop's other work waiting for a thread (the hf
+    policy's decode steps, MCP closes) waited behind them."""
+    monkeypatch.setattr(rewards, "_BACKSTOP_S", 0.1)
+    gate = RewardGate(hangs_in_its_thread, timeout_s=0.1)
+    try:
+        results = await asyncio.gather(*(gate.score("x", make_task("1?", "1"), {}) for _ in range(40)))
+        assert all(r.error == "verifier_timeout" for r in results)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5.0) == 42
+    finally:
+        _release.set()

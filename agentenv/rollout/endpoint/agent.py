@@ -155,6 +155,10 @@ class AgentRunner:
                     t.failed, t.error, t.finish_reason, t.reward = True, str(e), "error", 0.0
                     t.info["reward"] = {"score": 0.0, "correct": False, "format_ok": False, "error": e.kind}
                 return trajs
+            except Exception as e:  # noqa: BLE001 - scoring's own fault fails this episode, never the group
+                for t in trajs:
+                    t.failed, t.error, t.finish_reason, t.reward = True, f"scoring failed: {type(e).__name__}: {e}", "error", 0.0
+                return trajs
             for t in trajs:
                 t.reward = score
                 t.info["reward"] = dict(info)

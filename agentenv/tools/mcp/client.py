@@ -11,9 +11,10 @@ the MCP SDK's sessions stay on the task that opened them. Per call:
   `call_timeout_s` are results the model reads (`ok=False`), never exceptions;
 - a server that died or hung is restarted, and the call that found it so gets
   an error result saying so. Only transport evidence counts: the session ended,
-  a call ran past its limit, or the server no longer answers a ping after a
-  call failed. An error's words never do (a tool's "connection closed" is its
-  own error; restarting the shared server for it killed other episodes' calls);
+  a call ran past its limit, or a ping sent after a call failed fails (a slow
+  ping is a busy server, not a dead one). An error's words never do (a tool's
+  "connection closed" is its own error; restarting the shared server for it
+  killed other episodes' calls);
 - schemas are taken as JSON Schema allows: a boolean sub-schema (`true`: any
   value) is a value passed as the model wrote it; a tool whose schema nests
   deeper than `MAX_SCHEMA_DEPTH` is refused when the servers start, by name.
@@ -51,7 +52,8 @@ SERVER_VAR = "AGENTENV_MCP_SERVER"
 MAX_SCHEMA_DEPTH = 64
 """Deepest nesting of a tool's input schema a server may list (a 400-deep one is refused at start, by name)."""
 _PING_TIMEOUT_S = 10.0
-"""How long a server has to answer the ping that decides, after a failed call, whether it is still there."""
+"""How long the ping sent after a failed call is waited for (a ping that fails says the server is gone; one
+still unanswered then says nothing: the server is busy)."""
 
 
 class MCPHub:
@@ -218,7 +220,9 @@ class ServerProcess:
             return True
         try:
             await asyncio.wait_for(self.session.send_ping(), min(_PING_TIMEOUT_S, self.config.startup_timeout_s))
-        except Exception:  # noqa: BLE001 - any failure to answer a ping: the connection is gone
+        except TimeoutError:  # no evidence: it answered the failed call a moment ago and is busy (another
+            return False  # episode's call); a hung server meets its calls' limit (`call_timeout_s`) and restarts
+        except Exception:  # noqa: BLE001 - the ping failed: the connection is gone
             return True
         return False
 

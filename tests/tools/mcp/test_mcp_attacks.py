@@ -66,6 +66,34 @@ async def test_an_error_that_says_connection_closed_restarts_nothing(odd):
     assert proc.restarts == before and proc.generation == generation
 
 
+async def test_a_live_server_slow_to_answer_the_ping_after_a_failed_call_is_not_restarted(odd, monkeypatch):
+    """A ping unanswered for a while is no transport evidence: the server answered the failed call a moment ago
+    and is busy (a blocking tool, another episode's work; here it is stopped with SIGSTOP for 1.5 s). Restarting
+    it killed the calls other episodes had in flight on it and a stateful server's state; a hung server is still
+    caught by the call's own limit (`call_timeout_s`)."""
+    from agentenv._reaper import tagged_pids
+    from agentenv.tools.mcp import client
+
+    monkeypatch.setattr(client, "_PING_TIMEOUT_S", 0.5)
+    proc = odd["upstream"]._process
+    (pid,) = [p for p in tagged_pids(proc.uid, client.SERVER_VAR) if p in child_pids()][:1]
+    session, ping = proc.session, proc.session.send_ping
+
+    async def busy_ping():  # the server is alive and busy when the ping comes
+        os.kill(pid, signal.SIGSTOP)
+        asyncio.get_running_loop().call_later(1.5, os.kill, pid, signal.SIGCONT)
+        return await ping()
+
+    monkeypatch.setattr(session, "send_ping", busy_ping)
+    before, generation = proc.restarts, proc.generation
+    failed = await odd["upstream"]("x")
+    assert not failed.ok and failed.error == "mcp_error", failed
+    await asyncio.sleep(1.5)
+    after = await odd["echo"]("still here")
+    assert after.ok and "still here" in after.text, after
+    assert proc.restarts == before and proc.generation == generation
+
+
 async def test_a_boolean_sub_schema_takes_any_value(odd):
     r = await odd["echo"]("hello")  # {"text": true}: any value; the call's text is its value
     assert r.ok and r.text == "echo: 'hello'"
