@@ -339,7 +339,7 @@ async def test_every_failure_is_an_openai_shaped_error_and_counted(tok, chat, ca
     policy = Raising(tok, ["x"]) if case == "generate raises" else ScriptedPolicy(tok, ["x"])
     rec = ep.open_episode(policy, PARAMS, seed=0)
     runner_view = AgentRunner.__new__(AgentRunner)  # the runner's metrics over this endpoint's counts
-    runner_view.endpoint, runner_view._seen = ep, type(ep.counts)()
+    runner_view.endpoint, runner_view._seen, runner_view._parts = ep, type(ep.counts)(), {}
     try:
         r = await asyncio.to_thread(raw_post, ep, rec.key, content, content_type or "application/json")
     finally:
