@@ -411,4 +411,5 @@ def resolve_runs(bench: BenchConfig) -> list[RunSpec]:
                     f"but {budgets[first][k]!r} in {first!r}; "
                     "every variant must use the same tasks, seeds and budget (set it in base)",
                 )
-    return runs
+    # seed by seed: a bench stopped part-way has whole paired seeds, not some variants' every seed
+    return sorted(runs, key=lambda r: list(bench.seeds).index(r.seed))

@@ -28,7 +28,8 @@ RAW = {
 def test_runs_merge_variant_over_base_and_set_seed_and_dir(tmp_path):
     bench = bench_config_from_dict({**RAW, "output_dir": str(tmp_path)})
     runs = resolve_runs(bench)
-    assert [(r.variant, r.seed) for r in runs] == [(v, s) for v in ("std", "dr", "dotted") for s in (3, 5, 8)]
+    # seed by seed, so that a bench stopped part-way holds whole paired seeds
+    assert [(r.variant, r.seed) for r in runs] == [(v, s) for s in (3, 5, 8) for v in ("std", "dr", "dotted")]
     by = {(r.variant, r.seed): r for r in runs}
     dr = by["dr", 5].config
     assert dr.algorithm_config.normalize_std is False and dr.trainer.lr == 0.02

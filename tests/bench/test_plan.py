@@ -76,7 +76,7 @@ def test_plan_from_the_prior_when_nothing_finished(tmp_path):
     run = PRIOR_START_S + 40 * PRIOR_TRAJ_S + 80 * PRIOR_EVAL_SAMPLE_S
     probe = PRIOR_START_S + 8 * PRIOR_EVAL_SAMPLE_S
     plan, _ = plan_runs(bench, resolve_runs(bench))
-    assert [p.estimate_s for p in plan] == pytest.approx([run + probe, run, run] * 2)
+    assert [p.estimate_s for p in plan] == pytest.approx([run + probe] * 2 + [run] * 4)  # seed by seed
     assert f"estimated wall time: {(6 * run + 2 * probe) / 60:.1f} min (per run: prior: " in text
 
 

@@ -165,7 +165,7 @@ def test_report_only_rewrites_the_report_from_runs_an_older_config_made(tmp_path
             meta = {"variant": v, "seed": s, "wall_s": 60.0, "probe_s": 30.0, "config": {"from": "older code"}}
             (r.output_dir / RUN_FILE).write_text(json.dumps(meta))
     result = report_only(bench)
-    assert [(r.variant, r.seed) for r in result.runs] == [(v, s) for v in ("a", "b") for s in (0, 1, 2)]
+    assert [(r.variant, r.seed) for r in result.runs] == [(v, s) for s in (0, 1, 2) for v in ("a", "b")]
     md = (tmp_path / "results.md").read_text()
     assert md == result.markdown and "+0.050 [0.025, 0.075] *" in md
     assert "anchors 71%, A^S std 0.80" in md
