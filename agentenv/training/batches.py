@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from agentenv.training.build import Runtime
 from agentenv.training.data import TaskStream
 from agentenv.training.metrics import reduce_sum
 from agentenv.types import Group
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +153,7 @@ class BatchSource(ABC):
 
     asynchronous: ClassVar[bool]
 
-    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Any):
+    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Accelerator):
         self.rollouts = rollouts
         self.stream = stream
         self.acc = acc
@@ -197,13 +200,14 @@ class BatchSource(ABC):
         clock["tokens"] += m["rollout/gen_tokens_per_group"] * len(staleness) * self.acc.num_processes  # all ranks
         clock["dropped"] += dropped
         wall = max(time.perf_counter() - clock["start"], 1e-9)
+        waited = min(clock["wait_s"] / wall, 1.0)
         return {
             "async/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "async/staleness_max": float(max(staleness, default=0)),
             "async/dropped_groups": float(dropped),
             "async/dropped_total": clock["dropped"],
-            "time/trainer_wait_frac": min(clock["wait_s"] / wall, 1.0),
-            "time/engine_idle_frac": self.engine_idle_frac(min(clock["wait_s"] / wall, 1.0)),
+            "time/trainer_wait_frac": waited,
+            "time/engine_idle_frac": self.engine_idle_frac(waited),
             "time/tokens_per_s": clock["tokens"] / wall,
         }
 
@@ -213,7 +217,7 @@ class SyncBatches(BatchSource):
 
     asynchronous = False
 
-    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Any, loop: RolloutLoop):
+    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Accelerator, loop: RolloutLoop):
         super().__init__(rollouts, stream, acc)
         self.loop = loop
 
@@ -293,7 +297,7 @@ class AsyncBatches(BatchSource):
 
     asynchronous = True
 
-    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Any, loop: RolloutLoop):
+    def __init__(self, rollouts: Rollouts, stream: TaskStream, acc: Accelerator, loop: RolloutLoop):
         super().__init__(rollouts, stream, acc)
         assert loop.thread is not None, "asynchronous rollout runs on a loop thread of its own"
         self.thread = loop.thread

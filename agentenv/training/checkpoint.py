@@ -27,6 +27,7 @@ from agentenv.errors import InfraError
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
 
     from agentenv.training.sharding import Strategy
 
@@ -162,7 +163,7 @@ class Checkpointer:
         say: Where resume's warnings go (a line each).
     """
 
-    def __init__(self, out: Path, acc: Any, strategy: Strategy, model: torch.nn.Module, opt: Any, tokenizer: Any,
+    def __init__(self, out: Path, acc: Accelerator, strategy: Strategy, model: torch.nn.Module, opt: Any, tokenizer: Any,
                  keep: int, say: Callable[[str], None] = log.warning):  # fmt: skip
         self.out = Path(out)
         self.acc = acc

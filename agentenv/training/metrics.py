@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -19,6 +19,9 @@ from agentenv.configs import LoggingConfig
 from agentenv.rollout.toolstats import ToolStats
 from agentenv.tasks.rewards import reward_error_counts
 from agentenv.types import Group
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,7 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
     return records
 
 
-def reduce_sum(acc: Any, t: torch.Tensor) -> torch.Tensor:
+def reduce_sum(acc: Accelerator, t: torch.Tensor) -> torch.Tensor:
     """`t` summed over every process of `acc` (an `accelerate.Accelerator`; a collective: each process calls it alike)."""
     if acc.num_processes == 1:
         return t
@@ -129,7 +132,7 @@ def reduce_sum(acc: Any, t: torch.Tensor) -> torch.Tensor:
 
 def step_metrics(
     groups: list[Group], batch: TrainBatch, loss_metrics: list[dict[str, float]], algorithm: Algorithm,
-    tool_names: list[str], acc: Any,
+    tool_names: list[str], acc: Accelerator,
 ) -> tuple[dict[str, float], ToolStats]:  # fmt: skip
     """A step's rollout and loss metrics: sums reduced across ranks, then turned into means; and the step's tool
     calls over every process (`tool_names`: the run's tools, the same on every process)."""

@@ -12,7 +12,7 @@ runs empty ones.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from agentenv.configs import RunConfig
 from agentenv.training import sharding
 from agentenv.training.batching import chunks
 from agentenv.training.scoring import token_logprobs
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def update_yields_old_logprobs(model: torch.nn.Module, ref_model: torch.nn.Module | None) -> bool:
@@ -55,7 +58,7 @@ class Updater:
         fuse_old_logprobs: The first mini-batch's forward supplies its rows' old logprobs (`update_yields_old_logprobs`).
     """
 
-    def __init__(self, cfg: RunConfig, acc: Any, strategy: sharding.Strategy, model: Any, opt: Any, sched: Any,
+    def __init__(self, cfg: RunConfig, acc: Accelerator, strategy: sharding.Strategy, model: Any, opt: Any, sched: Any,
                  algorithm: Algorithm, ref_model: torch.nn.Module | None, pack: bool, fuse_old_logprobs: bool):  # fmt: skip
         self.cfg = cfg
         self.acc = acc
