@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RolloutLoop:
@@ -55,10 +56,11 @@ class RolloutLoop:
         self.thread = LoopThread("agentenv-rollout") if threaded else None
         self.loop = self.thread.loop if self.thread is not None else asyncio.new_event_loop()
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the loop and wait for its result."""
         if self.thread is not None:
-            return self.thread.run(coro)
+            result: T = self.thread.run(coro)
+            return result
         return self.loop.run_until_complete(coro)
 
     @property
@@ -262,8 +264,7 @@ class StepRounds:
         return int(self.source.acc.num_processes)
 
     def rollout(self, tasks: list[Task], indices: list[int], round_: int) -> list[Group]:
-        groups: list[Group] = self.source.loop.run(self.source.rollouts.groups(tasks, self.step, indices, round_=round_))
-        return groups
+        return self.source.loop.run(self.source.rollouts.groups(tasks, self.step, indices, round_=round_))
 
     def draw(self, n: int) -> list[Task]:
         tasks: list[Task] = self.source.stream.next_batch(n)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from agentenv.training.sharding import Strategy
+    from agentenv.types import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ class Checkpointer:
         say: Where resume's warnings go (a line each).
     """
 
-    def __init__(self, out: Path, acc: Accelerator, strategy: Strategy, model: torch.nn.Module, opt: Any, tokenizer: Any,
+    def __init__(self, out: Path, acc: Accelerator, strategy: Strategy, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 tokenizer: Tokenizer,
                  keep: int, say: Callable[[str], None] = log.warning):  # fmt: skip
         self.out = Path(out)
         self.acc = acc

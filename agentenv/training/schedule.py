@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -32,11 +32,16 @@ def lr_factor(update: int, total: int, warmup: int, schedule: LRSchedule, min_lr
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; use 'constant' or 'cosine'")
 
 
-def adamw(oc: OptimizerConfig, total: int) -> tuple[Callable[[Iterable[Any]], Any], Callable[[Any], Any]]:
+Params = Iterable[torch.nn.Parameter]
+
+
+def adamw(
+    oc: OptimizerConfig, total: int
+) -> tuple[Callable[[Params], torch.optim.Optimizer], Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]]:
     """AdamW of `oc` and its schedule over `total` optimizer updates, as the two factories that
     `sharding.Strategy.prepare` takes (it makes the optimizer over the parameters it prepared)."""
 
-    def optimizer(params: Iterable[Any]) -> torch.optim.Optimizer:
+    def optimizer(params: Params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
 
     def scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -43,6 +44,8 @@ from agentenv.training.packing import packing_enabled
 from agentenv.training.rollout_log import RolloutLog
 from agentenv.training.schedule import adamw
 from agentenv.training.update import Updater, update_yields_old_logprobs
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -186,7 +189,7 @@ class Trainer:
         """Send the trainer's weights to the rollout policy, one full tensor at a time (gathered, LoRA merged)."""
         self.rt.policy.load_weights(sharding.full_weights(self.unwrapped()))
 
-    def run(self, coro: Any) -> Any:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the rollout loop and wait for it."""
         return self.loop.run(coro)
 

@@ -12,7 +12,7 @@ runs empty ones.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,7 +58,8 @@ class Updater:
         fuse_old_logprobs: The first mini-batch's forward supplies its rows' old logprobs (`update_yields_old_logprobs`).
     """
 
-    def __init__(self, cfg: RunConfig, acc: Accelerator, strategy: sharding.Strategy, model: Any, opt: Any, sched: Any,
+    def __init__(self, cfg: RunConfig, acc: Accelerator, strategy: sharding.Strategy, model: torch.nn.Module,
+                 opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
                  algorithm: Algorithm, ref_model: torch.nn.Module | None, pack: bool, fuse_old_logprobs: bool):  # fmt: skip
         self.cfg = cfg
         self.acc = acc
