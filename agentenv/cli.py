@@ -43,7 +43,8 @@ def train(
 ) -> None:
     """Train with the algorithm the config names."""
     cfg = _load(config, overrides or [])
-    from agentenv.training.trainer import Trainer, refuse_async_world
+    from agentenv.training.batches import refuse_async_world
+    from agentenv.training.trainer import Trainer
 
     try:  # before any process loads anything; under torchrun every process refuses, rank 0 says why
         refuse_async_world(cfg, int(os.environ.get("WORLD_SIZE", "1")))

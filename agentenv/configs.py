@@ -12,10 +12,11 @@ Configs are never mutated after parsing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -89,16 +90,69 @@ class AlgorithmSection:
     params: Mapping[str, Any] = rest_field()
 
     def build(self) -> Any:
-        """The plugin's validated config dataclass."""
+        """The plugin's validated config dataclass (a new one; `config` is the section's own, built once)."""
         from agentenv.algorithms import get_algorithm
 
         cls = get_algorithm(self.name).config_cls
         return build_dataclass(cls, dict(self.params), "algorithm")
 
+    @functools.cached_property
+    def config(self) -> Any:
+        """The plugin's validated config dataclass, built once from the frozen fields (equal to `build()`)."""
+        return self.build()
+
 
 @dataclass(frozen=True)
-class TrainerConfig:
-    """The training loop.
+class OptimizerConfig:
+    """The optimizer, its learning-rate schedule and the checkpoints: what the RL trainer (`trainer`) and the
+    cold-start SFT (`sft`) share, each section with its own defaults.
+
+    Attributes:
+        lr: AdamW learning rate.
+        warmup_steps: Linear warmup in optimizer updates.
+        lr_schedule: After warmup, `constant` or `cosine`: decay along half a
+            cosine to `lr * min_lr_ratio` at the last update.
+        min_lr_ratio: Where `cosine` ends, as a fraction of `lr` (in [0, 1]).
+        weight_decay: AdamW weight decay.
+        max_grad_norm: Gradient clipping norm.
+        output_dir: Where checkpoints and metrics go.
+        checkpoint_every: Save every N steps (and at the end).
+        keep_checkpoints: How many recent checkpoints to keep.
+    """
+
+    section: ClassVar[str] = "trainer"  # the section's key, in errors
+
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    output_dir: str = "runs/default"
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        at = self.section
+        for key in ("checkpoint_every", "keep_checkpoints"):
+            check_number(f"{at}.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
+        check_number(f"{at}.warmup_steps", self.warmup_steps, low_ok=True, integer=True)
+        check_number(f"{at}.lr", self.lr)
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"{at}.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        check_number(f"{at}.min_lr_ratio", self.min_lr_ratio, low_ok=True)
+        if self.min_lr_ratio > 1:
+            raise ConfigError(f"{at}.min_lr_ratio", f"must be in [0, 1] (a fraction of {at}.lr), got {self.min_lr_ratio}")
+        # <= 0 would flip the clipped gradient's sign (gradient ascent) or zero it
+        check_number(f"{at}.max_grad_norm", self.max_grad_norm)
+        check_number(f"{at}.weight_decay", self.weight_decay, low_ok=True)
+        if not self.output_dir.strip():
+            raise ConfigError(f"{at}.output_dir", "must name a folder, got ''")
+
+
+@dataclass(frozen=True)
+class TrainerConfig(OptimizerConfig):
+    """The training loop; the optimizer, its schedule and the checkpoints are `OptimizerConfig`'s fields.
 
     Attributes:
         steps: Optimizer steps of the outer loop (one rollout batch each).
@@ -109,17 +163,10 @@ class TrainerConfig:
         micro_batch_size: Trajectories per forward/backward (gradient accumulation fills the mini-batch).
         ppo_epochs: Passes over each rollout batch.
         lr: AdamW learning rate (the paper: 1e-6 for 7B models).
-        warmup_steps: Linear warmup in optimizer updates.
-        lr_schedule: After warmup, `constant` (the paper) or `cosine`: decay
-            along half a cosine to `lr * min_lr_ratio` at the last update
-            (`steps * ppo_epochs * tasks_per_step / mini_batch_tasks` updates).
-        min_lr_ratio: Where `cosine` ends, as a fraction of `lr` (in [0, 1]).
-        weight_decay: AdamW weight decay.
-        max_grad_norm: Gradient clipping norm.
+        lr_schedule: `constant` (the paper) or `cosine`, which ends at the last
+            update (`steps * ppo_epochs * tasks_per_step / mini_batch_tasks` updates).
         seed: Run seed; tasks, rollouts and init all derive from it.
         output_dir: Where checkpoints, metrics and TensorBoard logs go.
-        checkpoint_every: Save every N steps (and at the end).
-        keep_checkpoints: How many recent checkpoints to keep.
         eval_every: Evaluate on held-out tasks every N steps (0: only at the end).
         eval_tasks: Held-out tasks per evaluation.
         eval_samples: Samples per held-out task (k of pass@k).
@@ -162,16 +209,7 @@ class TrainerConfig:
     mini_batch_tasks: int = 8
     micro_batch_size: int = 16
     ppo_epochs: int = 1
-    lr: float = 1e-6
-    warmup_steps: int = 0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
     seed: int = 0
-    output_dir: str = "runs/default"
-    checkpoint_every: int = 5
-    keep_checkpoints: int = 2
     eval_every: int = 0
     eval_tasks: int = 64
     eval_samples: int = 1
@@ -185,27 +223,17 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         for key in ("steps", "tasks_per_step", "mini_batch_tasks", "micro_batch_size", "ppo_epochs", "eval_samples",
-                    "checkpoint_every", "keep_checkpoints", "max_failed_steps", "nonfinite_patience"):
+                    "max_failed_steps", "nonfinite_patience"):
             check_number(f"trainer.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
-        for key in ("warmup_steps", "eval_every", "eval_tasks", "max_staleness"):
+        for key in ("eval_every", "eval_tasks", "max_staleness"):
             check_number(f"trainer.{key}", getattr(self, key), low_ok=True, integer=True)
         if self.tasks_per_step % self.mini_batch_tasks:
             raise ConfigError(
                 "trainer.mini_batch_tasks",
                 f"{self.mini_batch_tasks} must divide trainer.tasks_per_step {self.tasks_per_step}",
             )
-        check_number("trainer.lr", self.lr)
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError("trainer.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
-        check_number("trainer.min_lr_ratio", self.min_lr_ratio, low_ok=True)
-        if self.min_lr_ratio > 1:
-            raise ConfigError("trainer.min_lr_ratio", f"must be in [0, 1] (a fraction of trainer.lr), got {self.min_lr_ratio}")
-        # <= 0 would flip the clipped gradient's sign (gradient ascent) or zero it
-        check_number("trainer.max_grad_norm", self.max_grad_norm)
-        check_number("trainer.weight_decay", self.weight_decay, low_ok=True)
+        super().__post_init__()
         check_number("trainer.eval_temperature", self.eval_temperature, low_ok=True)
-        if not self.output_dir.strip():
-            raise ConfigError("trainer.output_dir", "must name a folder, got ''")
 
     @property
     def evaluation_seed(self) -> int:
@@ -258,7 +286,7 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(OptimizerConfig):
     """Cold-start SFT (`agentenv sft CONFIG`): supervised fine-tuning on tool-use conversations, before RL.
 
     Each conversation is replayed through the run's env (`env`: its tools'
@@ -281,17 +309,14 @@ class SFTConfig:
         steps: Optimizer steps (0: `epochs` passes).
         batch_size: Conversations per optimizer step.
         micro_batch_size: Conversations per forward/backward.
-        lr: AdamW learning rate.
-        warmup_steps: Linear warmup in steps.
-        lr_schedule: After warmup, `constant` or `cosine` (to `lr * min_lr_ratio`).
-        min_lr_ratio: Where `cosine` ends, as a fraction of `lr`.
-        weight_decay: AdamW weight decay.
-        max_grad_norm: Gradient clipping norm.
         output_dir: Checkpoints (the RL trainer's layout), `metrics.jsonl`, and the
             exported model in `model/` (what `model.path` of the RL stage names).
-        checkpoint_every: Save every N steps (and at the end).
-        keep_checkpoints: How many recent checkpoints to keep.
+
+    The optimizer, its schedule and the checkpoints are `OptimizerConfig`'s fields
+    (an optimizer update is an SFT step).
     """
+
+    section: ClassVar[str] = "sft"
 
     data: str | None = None
     solver: str | None = None
@@ -302,26 +327,15 @@ class SFTConfig:
     batch_size: int = 8
     micro_batch_size: int = 4
     lr: float = 1e-5
-    warmup_steps: int = 0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
     output_dir: str = "runs/sft"
     checkpoint_every: int = 50
     keep_checkpoints: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("examples", "epochs", "batch_size", "micro_batch_size", "checkpoint_every", "keep_checkpoints"):
+        for key in ("examples", "epochs", "batch_size", "micro_batch_size"):
             check_number(f"sft.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
-        for key in ("steps", "warmup_steps"):
-            check_number(f"sft.{key}", getattr(self, key), low_ok=True, integer=True)
-        check_number("sft.lr", self.lr)
-        check_number("sft.max_grad_norm", self.max_grad_norm)
-        check_number("sft.weight_decay", self.weight_decay, low_ok=True)
-        check_number("sft.min_lr_ratio", self.min_lr_ratio, low_ok=True)
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError("sft.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        check_number("sft.steps", self.steps, low_ok=True, integer=True)
+        super().__post_init__()
         if self.data is not None and self.solver is not None:
             raise ConfigError("sft.data", f"give a file of conversations or sft.solver ({self.solver!r}), not both")
         if self.data is not None and not str(self.data).endswith((".jsonl", ".json", ".parquet")):
@@ -329,8 +343,6 @@ class SFTConfig:
         if not isinstance(self.solver_options, Mapping):
             raise ConfigError("sft.solver_options", f"expected a mapping, got {self.solver_options!r}")
         object.__setattr__(self, "solver_options", dict(self.solver_options))
-        if not self.output_dir.strip():
-            raise ConfigError("sft.output_dir", "must name a folder, got ''")
 
 
 @dataclass(frozen=True)
@@ -348,7 +360,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # Validate every named part now, so a typo or a bad option fails at load time.
-        self.algorithm.build()
+        self.algorithm.config  # noqa: B018 - built (and so validated) now, once
         self.env.validate_parts()
         backends = self.policy.backend_configs(model=self.model.path, dtype=self.model.dtype, seed=self.trainer.seed)
         if self.policy.max_turn_tokens >= self.env.max_context_tokens:
@@ -381,14 +393,14 @@ class RunConfig:
                         f"rollout.ray.tools.{name}", f"names no tool of env.tools ({', '.join(self.env.tools) or 'none'})"
                     )
 
-    # The two derived configs are built on demand from the frozen fields, not stored: the builds are
-    # cheap, pure and already validated above, so every call gives an equal value, and the instance
-    # holds no state beyond its fields (`dataclasses.replace`, pickling and `==` see all of it).
+    # The algorithm's config is built once, at load (`AlgorithmSection.config`, cached beside the frozen
+    # fields: `==` and `dataclasses.replace` see only the fields). The backend's is built on demand: the build
+    # is cheap, pure and already validated above, so every call gives an equal value.
 
     @property
     def algorithm_config(self) -> Any:
         """The algorithm plugin's validated config."""
-        return self.algorithm.build()
+        return self.algorithm.config
 
     @property
     def backend_config(self) -> Any:

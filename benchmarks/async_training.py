@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,7 +124,8 @@ def async_run(eta: int, args: Any, update_s: float) -> Run:
 
     run = Run(f"eta={eta}", 0.0, 0)
     t0 = time.perf_counter()
-    producer = AsyncRollout(loop, sample, draw, lambda: policy.weight_version, args.tasks, eta)
+    source = SimpleNamespace(sample=sample, draw=draw, version=lambda: policy.weight_version)  # a `GroupSource`
+    producer = AsyncRollout(loop, source, args.tasks, eta)
     try:
         for _ in range(args.steps):
             batch = producer.take()

@@ -63,7 +63,7 @@ def sample_batch(name: str, tasks: int, backend: str):
     cfg = load_config(path, extra + [f"policy.backend={backend}", f"trainer.output_dir={out}", "logging.progress=false",
                                      "logging.tensorboard=false"])  # fmt: skip
     trainer = Trainer(cfg)
-    groups = trainer.run(trainer.rollout(trainer.stream.next_batch(tasks), 0, list(range(tasks))))
+    groups = trainer.run(trainer.rollouts.groups(trainer.stream.next_batch(tasks), 0, list(range(tasks))))
     trajs, advs = [], []
     for g in groups:
         trajs += g.trajectories
@@ -76,11 +76,11 @@ def time_parts(trainer, batch, pack: bool) -> tuple[float, float]:
     from agentenv.training.batching import chunks
     from agentenv.training.scoring import sequence_logprobs
 
-    trainer.pack = pack
+    trainer.updater.pack = pack
     model = trainer.unwrapped()
     model.eval()
     t0 = time.perf_counter()
-    batch.old_logprobs = trainer.recompute(batch, model)
+    batch.old_logprobs = trainer.updater.recompute(batch, model)
     t1 = time.perf_counter()
     model.train()
     micro = chunks(len(batch), trainer.cfg.trainer.micro_batch_size)

@@ -63,14 +63,14 @@ def main() -> None:
     try:
         trainer.check_tools()
         sampled: list[Any] = []
-        rollout = trainer.rollout
+        rollout = trainer.rollouts.groups
 
         async def capture(*a: Any, **k: Any) -> Any:
             groups = await rollout(*a, **k)
             sampled.append(groups)
             return groups
 
-        trainer.rollout = capture  # type: ignore[method-assign]
+        trainer.rollouts.groups = capture  # type: ignore[method-assign]
         real = trainer.train_step(0)
         log.flush()
         n_traj = sum(len(g) for g in sampled[0])
@@ -84,7 +84,7 @@ def main() -> None:
                             seg.versions = [v] * len(seg)
             return sampled[0]
 
-        trainer.rollout = replay  # type: ignore[method-assign]
+        trainer.rollouts.groups = replay  # type: ignore[method-assign]
         times: dict[str, list[float]] = {"off": [], "on": []}
         hook_s.clear()
         write_s.clear()

@@ -298,3 +298,31 @@ def test_a_device_that_does_not_exist_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"^policy\.hf\.device: 'cuda:2' does not exist: this machine has 2 CUDA"):
         config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda:2"])
     assert config_from_dict({}, ["policy.backend=hf", "policy.hf.device=cuda:1"]).backend_config.device == "cuda:1"
+
+
+def test_trainer_and_sft_share_one_optimizer_config():
+    """The nine optimizer and checkpoint fields are one class's; each section keeps its defaults and its key."""
+    from dataclasses import fields
+
+    from agentenv.configs import OptimizerConfig
+
+    cfg = config_from_dict({}, ["trainer.lr_schedule=cosine", "sft.warmup_steps=3"])
+    shared = {f.name for f in fields(OptimizerConfig)}
+    assert len(shared) == 9 and shared <= {f.name for f in fields(cfg.trainer)} and shared <= {f.name for f in fields(cfg.sft)}
+    assert (cfg.trainer.lr, cfg.trainer.keep_checkpoints, cfg.trainer.lr_schedule) == (1e-6, 2, "cosine")
+    assert (cfg.sft.lr, cfg.sft.keep_checkpoints, cfg.sft.warmup_steps) == (1e-5, 1, 3)
+    for key, bad in [("min_lr_ratio", 1.5), ("max_grad_norm", 0), ("keep_checkpoints", 0), ("output_dir", " ")]:
+        for section in ("trainer", "sft"):
+            with pytest.raises(ConfigError, match=rf"^{section}\.{key}: "):  # named by the section the user wrote
+                config_from_dict({section: {key: bad}})
+
+
+def test_the_algorithm_config_is_built_once(monkeypatch):
+    from agentenv.configs import AlgorithmSection
+
+    built = []
+    build = AlgorithmSection.build
+    monkeypatch.setattr(AlgorithmSection, "build", lambda self: built.append(self.name) or build(self))
+    cfg = config_from_dict({"algorithm": {"name": "arpo"}})
+    assert cfg.algorithm_config is cfg.algorithm_config and cfg.algorithm_config.group_size == 16
+    assert built == ["arpo"]  # at load, validating; never again

@@ -53,10 +53,8 @@ def as_algorithm(obj: Any, key: str = "algorithm.name") -> type[Algorithm]:
         if not hasattr(obj, "max_resample_rounds"):
             ns["max_resample_rounds"] = lambda self: int(getattr(self.cfg, "max_resample_rounds", 0))
 
-        def resample(self: Any, groups: Any, rollout: Any, draw: Any, reduce: Any, rank: int, world: int) -> Any:
-            return DynamicSampling(self.keep_group, self.max_resample_rounds()).refill(
-                groups, rollout, draw, reduce, rank, world
-            )
+        def resample(self: Any, groups: Any, rollout: Any) -> Any:
+            return DynamicSampling(self.keep_group, self.max_resample_rounds()).refill(groups, rollout)
 
         ns["resample"] = resample
     try:

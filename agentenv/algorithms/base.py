@@ -112,12 +112,32 @@ class LossNorm:
 # batch-level hook calls it the same number of times on every process.
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
-# Rolls out this process's `tasks` in one extra sampling round: (tasks, their positions in the
-# round's global draw, the round's number from 1) -> one group per task.
-RolloutRound = Callable[[list[Task], list[int], int], list[Group]]
 
-# Draws the next `n` tasks of the run's task stream (the same on every process).
-Draw = Callable[[int], list[Task]]
+class StepRollout(Protocol):
+    """What dynamic sampling may ask of the trainer in one step (`Algorithm.resample`)."""
+
+    @property
+    def rank(self) -> int:
+        """This process's index."""
+        ...
+
+    @property
+    def world(self) -> int:
+        """The number of processes."""
+        ...
+
+    def rollout(self, tasks: list[Task], indices: list[int], round_: int) -> list[Group]:
+        """This process's `tasks` rolled out in an extra sampling round: one group per task. `indices` are the
+        tasks' positions in the round's global draw and `round_` the round's number from 1 (both seed the samples)."""
+        ...
+
+    def draw(self, n: int) -> list[Task]:
+        """The next `n` tasks of the run's task stream (the same on every process); the step trains on them."""
+        ...
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over every process (a collective: every process calls it alike)."""
+        ...
 
 
 @runtime_checkable
@@ -199,14 +219,13 @@ class Algorithm(ABC):
         """Extra rounds of sampling per step for groups that `keep_group` rejects; default 0."""
         return 0
 
-    def resample(
-        self, groups: list[Group], rollout: RolloutRound, draw: Draw, reduce: Reduce, rank: int, world: int
-    ) -> tuple[list[Group], dict[str, float]]:
+    def resample(self, groups: list[Group], rollout: StepRollout) -> tuple[list[Group], dict[str, float]]:
         """The step's groups after dynamic sampling, and its metrics (logged as they are).
 
         The trainer calls it once per step on every process with this process's
-        groups. Default: `groups` as they are, no metrics. An algorithm with a
-        group filter returns `DynamicSampling(...).refill(...)`
+        groups and the step's `rollout` (extra rounds, the task stream, the sum
+        over processes). Default: `groups` as they are, no metrics. An algorithm
+        with a group filter returns `DynamicSampling(...).refill(groups, rollout)`
         (`agentenv.algorithms.dynamic_sampling`), which keeps the processes in lockstep.
         """
         return groups, {}

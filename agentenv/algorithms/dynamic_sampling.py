@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentenv.algorithms.base import Draw, Reduce, RolloutRound
+from agentenv.algorithms.base import StepRollout
 from agentenv.types import Group
 
 
@@ -23,9 +23,7 @@ class DynamicSampling:
     keep: Callable[[Group], bool]
     max_rounds: int
 
-    def refill(
-        self, groups: list[Group], rollout: RolloutRound, draw: Draw, reduce: Reduce, rank: int, world: int
-    ) -> tuple[list[Group], dict[str, float]]:
+    def refill(self, groups: list[Group], rollout: StepRollout) -> tuple[list[Group], dict[str, float]]:
         """This process's kept groups (as many as `groups`) and the counts over every process.
 
         Rounds run in lockstep on every process: each round draws `world` times the
@@ -34,8 +32,9 @@ class DynamicSampling:
         still needs, with seeds of their own round. The first kept groups are used;
         after `max_rounds` rounds the slots left take dropped groups (their
         advantage is zero), so every process ends with as many groups as it
-        started with. `reduce` is called once per round and once more, the same number of times on every process.
+        started with. `rollout.reduce` is called once per round and once more, the same number of times on every process.
         """
+        rank, world = rollout.rank, rollout.world
         need = len(groups)
         kept: list[Group] = []
         dropped: list[Group] = []
@@ -45,17 +44,17 @@ class DynamicSampling:
                 (kept if self.keep(g) else dropped).append(g)
             short = torch.zeros(world, dtype=torch.float64)
             short[rank] = need - len(kept)
-            short = reduce(short)  # (world,) every process's shortage
+            short = rollout.reduce(short)  # (world,) every process's shortage
             most = int(short.max())
             if most == 0 or rounds >= self.max_rounds:
                 break
             rounds += 1
-            tasks = draw(most * world)
+            tasks = rollout.draw(most * world)
             mine = tasks[rank::world][: int(short[rank])]
             indices = list(range(rank, len(tasks), world))[: len(mine)]
-            groups = rollout(mine, indices, rounds) if mine else []
+            groups = rollout.rollout(mine, indices, rounds) if mine else []
         filled = need - len(kept)
-        counts = reduce(torch.tensor([float(len(dropped)), float(filled)], dtype=torch.float64))
+        counts = rollout.reduce(torch.tensor([float(len(dropped)), float(filled)], dtype=torch.float64))
         metrics = {
             "rollout/resample_rounds": float(rounds),
             "rollout/dropped_groups": float(counts[0]),  # groups with equal rewards, all rounds, all processes

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentenv._loops import LoopThread
 from agentenv.tasks.task import Task
@@ -111,15 +110,28 @@ def group_versions(group: Group, fallback: int) -> tuple[int, int, int]:
     return min(versions), max(versions), len(versions)
 
 
+class GroupSource(Protocol):
+    """What the producer samples with (the trainer's `agentenv.training.batches.AsyncBatches`)."""
+
+    async def sample(self, p: Pending) -> Group:
+        """The group of `p.task` (the trainer's sampler with the group's seed); it never raises."""
+        ...
+
+    def draw(self) -> Task:
+        """The next task of the run's stream."""
+        ...
+
+    def version(self) -> int:
+        """The policy's current weight version."""
+        ...
+
+
 class AsyncRollout:
     """The producer, the buffer and the staleness filter.
 
     Args:
         loop: The loop thread the rollout runs on (the trainer's).
-        sample: `sample(pending)` -> the group of `pending.task` (the trainer's
-            sampler with the group's seed; it never raises).
-        draw: Draws the next task of the run's stream.
-        version: The policy's current weight version.
+        source: Samples a pending group, draws the next task, says the policy's weight version.
         tasks_per_step: Groups per batch.
         max_staleness: eta.
         resume: Groups drawn but not trained on at the checkpoint: they are
@@ -130,18 +142,14 @@ class AsyncRollout:
     def __init__(
         self,
         loop: LoopThread,
-        sample: Callable[[Pending], Awaitable[Group]],
-        draw: Callable[[], Task],
-        version: Callable[[], int],
+        source: GroupSource,
         tasks_per_step: int,
         max_staleness: int,
         resume: list[Pending] | None = None,
         next_seq: int = 0,
     ):
         self.loop = loop
-        self._sample = sample
-        self._draw = draw
-        self._version = version
+        self.source = source
         self.tps = tasks_per_step
         self.eta = max_staleness
         self.next_seq = next_seq
@@ -170,18 +178,18 @@ class AsyncRollout:
             if self.queue:
                 p = self.queue.pop(0)
             else:
-                p = Pending(self.next_seq, self._draw())
+                p = Pending(self.next_seq, self.source.draw())
                 self.next_seq += 1
             self.admitted += 1
             self.running[p.seq] = p
-            task = asyncio.get_running_loop().create_task(self._one(p, self._version()))
+            task = asyncio.get_running_loop().create_task(self._one(p, self.source.version()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self.running:
             self._clock.busy(now)
 
     async def _one(self, p: Pending, start_version: int) -> None:
-        group = await self._sample(p)
+        group = await self.source.sample(p)
         oldest, newest, n = group_versions(group, start_version)
         self.tokens += n
         del self.running[p.seq]
@@ -212,7 +220,7 @@ class AsyncRollout:
         if self._wake is None:
             self._wake = asyncio.Event()
         while True:
-            version = self._version()
+            version = self.source.version()
             self._drop_stale(version)
             self._fill()
             if len(self.ready) >= self.tps:
@@ -265,7 +273,8 @@ class AsyncRollout:
         async def run() -> tuple[list[Pending], int]:
             return self._snapshot()
 
-        return self.loop.run(run())
+        snapshot: tuple[list[Pending], int] = self.loop.run(run())
+        return snapshot
 
     def engine_idle_s(self) -> float:
         """Wall seconds since the start with no group in flight."""

@@ -18,8 +18,19 @@ import json
 import logging
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from agentenv.errors import InfraError
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from agentenv.training.sharding import Strategy
+    from agentenv.types import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +69,8 @@ def write_state(ckpt: Path, state: dict[str, Any]) -> None:
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+    state: dict[str, Any] = json.loads((Path(ckpt) / STATE_FILE).read_text())
+    return state
 
 
 def begin(output_dir: str | Path, step: int) -> Path:
@@ -131,6 +143,110 @@ def prune(output_dir: str | Path, keep: int) -> None:
     done = complete_checkpoints(output_dir)
     for p in done[: max(0, len(done) - keep)]:
         shutil.rmtree(p, ignore_errors=True)
+
+
+class Checkpointer:
+    """Saves a training loop's checkpoints and resumes from the newest intact one (the RL trainer's and SFT's).
+
+    A checkpoint holds Accelerate's state (model, optimizer, scheduler, RNG
+    states), the sharding strategy's files, and the loop's own state in
+    `trainer_state.json` (its step, data cursor, ...). Every process calls
+    `save` and `resume` alike; the main process writes and renames.
+
+    Args:
+        out: The run's folder (`checkpoints/` inside it).
+        acc: The `accelerate.Accelerator`.
+        strategy: How the model is spread over the processes (it saves and loads its shards).
+        model: The prepared model.
+        opt: Its prepared optimizer.
+        tokenizer: Saved beside the weights (an exported checkpoint is a transformers folder).
+        keep: How many recent checkpoints to keep.
+        say: Where resume's warnings go (a line each).
+    """
+
+    def __init__(self, out: Path, acc: Accelerator, strategy: Strategy, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 tokenizer: Tokenizer,
+                 keep: int, say: Callable[[str], None] = log.warning):  # fmt: skip
+        self.out = Path(out)
+        self.acc = acc
+        self.strategy = strategy
+        self.model = model
+        self.opt = opt
+        self.tokenizer = tokenizer
+        self.keep = keep
+        self.say = say
+
+    def save(self, step: int, state: Callable[[], dict[str, Any]]) -> Path:
+        """Write checkpoint `step` into a staging folder, then rename it into place (complete or absent).
+
+        `state()`, the loop's own state, is asked for once every process's files are written.
+        """
+        final = checkpoint_dir(self.out, step)
+        staging = staging_dir(self.out, step)
+        if self.acc.is_main_process:
+            begin(self.out, step)
+        self.acc.wait_for_everyone()
+        self.acc.save_state(str(staging))
+        self.strategy.save(self.model, self.opt, staging, self.tokenizer)
+        self.acc.wait_for_everyone()  # every rank's RNG state and shards are written
+        loop_state = state()
+        if self.acc.is_main_process:
+            write_state(staging, {"step": step, **loop_state, "time": time.time()})
+            finalize(staging, final)
+            prune(self.out, self.keep)
+        self.acc.wait_for_everyone()
+        return final
+
+    def resume(
+        self, load_state: Callable[[dict[str, Any]], None]
+    ) -> tuple[Path | None, dict[str, Any], list[tuple[Path, str]]]:
+        """Load the newest intact checkpoint (saying which damaged ones were skipped); cut the logs back to it.
+
+        `load_state(state)` loads the loop's own state from the checkpoint's
+        `trainer_state.json` (what `save` was given), before the logs are cut.
+
+        Returns:
+            The checkpoint (None: none is intact, the run starts at step 0), its
+            `trainer_state.json` ({} without one), and the newer checkpoints skipped with why.
+
+        Raises:
+            InfraError: The checkpoint passed verification but did not load.
+        """
+        chosen: Path | None = None
+        skipped: list[tuple[Path, str]] = []
+        if self.acc.is_main_process:
+            chosen, skipped = find_resumable(self.out)
+            for path, why in skipped:
+                self.say(f"checkpoint {path} cannot be resumed from: {why}")
+            if chosen is not None and skipped:
+                self.say(f"resuming from the newest intact checkpoint, {chosen}")
+            elif chosen is None:
+                self.say(f"no intact checkpoint in {self.out / 'checkpoints'}: starting at step 0")
+        chosen = _broadcast_path(chosen)
+        state: dict[str, Any] = {}
+        if chosen is not None:
+            try:
+                self.acc.load_state(str(chosen))
+                self.strategy.load(self.model, self.opt, chosen)
+            except Exception as e:  # verified, yet unloadable: never continue half-loaded
+                raise InfraError(
+                    f"checkpoint {chosen} passed verification but did not load ({type(e).__name__}: {e}); "
+                    "move it aside to resume from an older one"
+                ) from e
+            state = read_state(chosen)
+            load_state(state)
+        if self.acc.is_main_process:
+            truncate_logs(self.out, int(state.get("step", 0)))
+        return chosen, state, skipped
+
+
+def _broadcast_path(path: Path | None) -> Path | None:
+    """The main process's choice, on every rank (ranks must resume from the same checkpoint)."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [str(path) if path is not None else None]
+    broadcast_object_list(box)
+    return Path(box[0]) if box[0] is not None else None
 
 
 LOGS = ("metrics.jsonl", "batches.jsonl")

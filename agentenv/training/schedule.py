@@ -1,9 +1,15 @@
-"""The learning-rate schedule: linear warmup, then constant or cosine decay (a factor of `trainer.lr`)."""
+"""The optimizer and its learning-rate schedule: AdamW, linear warmup, then constant or cosine decay (a factor of
+`trainer.lr`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Literal
+
+import torch
+
+from agentenv.configs import OptimizerConfig
 
 LRSchedule = Literal["constant", "cosine"]
 
@@ -24,3 +30,23 @@ def lr_factor(update: int, total: int, warmup: int, schedule: LRSchedule, min_lr
         progress = min(1.0, (update - warmup) / max(1, total - warmup))
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; use 'constant' or 'cosine'")
+
+
+Params = Iterable[torch.nn.Parameter]
+
+
+def adamw(
+    oc: OptimizerConfig, total: int
+) -> tuple[Callable[[Params], torch.optim.Optimizer], Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]]:
+    """AdamW of `oc` and its schedule over `total` optimizer updates, as the two factories that
+    `sharding.Strategy.prepare` takes (it makes the optimizer over the parameters it prepared)."""
+
+    def optimizer(params: Params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
+
+    def scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda u: lr_factor(u, total, oc.warmup_steps, oc.lr_schedule, oc.min_lr_ratio)
+        )
+
+    return optimizer, scheduler

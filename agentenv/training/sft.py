@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from agentenv.configs import RunConfig
-from agentenv.errors import ConfigError, InfraError
+from agentenv.errors import ConfigError
 from agentenv.policies.models import resolve_model_path
 from agentenv.registry import load_import_path
 from agentenv.training import checkpoint as ckpt
@@ -39,7 +39,7 @@ from agentenv.training.build import build_tools, check_output_dir, first_line
 from agentenv.training.data import TaskStream
 from agentenv.training.metrics import MetricsLogger
 from agentenv.training.packing import packing_enabled
-from agentenv.training.schedule import lr_factor
+from agentenv.training.schedule import adamw
 from agentenv.training.scoring import token_logprobs
 from agentenv.training.sft_data import SFTExamples, read_conversations, replay_all, solve_tasks
 from agentenv.types import Trajectory
@@ -177,36 +177,20 @@ class SFTTrainer:
         # every conversation starts with the system prompt and the tools' schemas: computed once per micro-batch
         self.pack = packing_enabled(cfg.trainer.pack_prefixes, model, trees=True)
         self.strategy = sharding.Strategy(self.acc, "ddp", cfg.model.lora)
-        self.model, self.opt, self.sched = self.strategy.prepare(
-            model,
-            lambda params: torch.optim.AdamW(params, lr=sc.lr, weight_decay=sc.weight_decay),
-            lambda opt: torch.optim.lr_scheduler.LambdaLR(
-                opt, lambda u: lr_factor(u, self.steps, sc.warmup_steps, sc.lr_schedule, sc.min_lr_ratio)
-            ),
-        )
+        self.model, self.opt, self.sched = self.strategy.prepare(model, *adamw(sc, self.steps))
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        self.checkpointer = ckpt.Checkpointer(self.out, self.acc, self.strategy, self.model, self.opt, self.tokenizer,
+                                              sc.keep_checkpoints, say=lambda line: self.log(f"[sft] {line}"))  # fmt: skip
         self.start_step = 0
         if resume:
-            self._resume()
+            chosen, state, _ = self.checkpointer.resume(lambda state: self.stream.load_state_dict(state["stream"]))
+            if chosen is not None:
+                self.start_step = int(state["step"])
+                self.log(f"[sft] resumed from {chosen} (step {self.start_step})")
         purge = (self.start_step + 1 if self.start_step else 0) if resume else None
         self.logger = MetricsLogger(self.out, cfg.logging, cfg.to_dict(), purge)
         (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-
-    def _resume(self) -> None:
-        chosen, skipped = ckpt.find_resumable(self.out)
-        for path, why in skipped:
-            self.log(f"[sft] checkpoint {path} cannot be resumed from: {why}")
-        if chosen is not None:
-            try:
-                self.acc.load_state(str(chosen))
-            except Exception as e:  # noqa: BLE001 - verified, yet unloadable: never continue half-loaded
-                raise InfraError(f"checkpoint {chosen} passed verification but did not load ({type(e).__name__}: {e})") from e
-            state = ckpt.read_state(chosen)
-            self.stream.load_state_dict(state["stream"])
-            self.start_step = int(state["step"])
-            self.log(f"[sft] resumed from {chosen} (step {self.start_step})")
-        ckpt.truncate_logs(self.out, self.start_step)
 
     def step(self) -> dict[str, float]:
         """One optimizer step on the next `sft.batch_size` examples."""
@@ -241,14 +225,7 @@ class SFTTrainer:
 
     def save(self, step: int) -> Path:
         """The RL trainer's checkpoint of `step` (staged, manifest, renamed into place)."""
-        final = ckpt.checkpoint_dir(self.out, step)
-        staging = ckpt.begin(self.out, step)
-        self.acc.save_state(str(staging))
-        self.strategy.save(self.model, self.opt, staging, self.tokenizer)
-        ckpt.write_state(staging, {"step": step, "stream": self.stream.state_dict(), "time": time.time()})
-        ckpt.finalize(staging, final)
-        ckpt.prune(self.out, self.cfg.sft.keep_checkpoints)
-        return final
+        return self.checkpointer.save(step, lambda: {"stream": self.stream.state_dict()})
 
     def train(self) -> SFTResult:
         from agentenv.training.export import export

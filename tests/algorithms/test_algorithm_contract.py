@@ -38,6 +38,28 @@ class DuckFilter(DuckAlgorithm):
         return bool(group)
 
 
+class OneProcess:
+    """A `StepRollout` on one process: every extra round's groups are empty (rejected); draws and reduces are
+    recorded."""
+
+    rank, world = 0, 1
+
+    def __init__(self):
+        self.drawn: list[int] = []
+        self.reduced: list[torch.Tensor] = []
+
+    def rollout(self, tasks, indices, round_):
+        return [[]] * len(tasks)
+
+    def draw(self, n):
+        self.drawn.append(n)
+        return list(range(n))
+
+    def reduce(self, t):
+        self.reduced.append(t.clone())
+        return t
+
+
 def test_every_registered_algorithm_subclasses_the_base():
     for name in available():
         cls = get_algorithm(name)
@@ -54,32 +76,24 @@ def test_base_defaults():
     assert algo.grows_trees is False and algo.keep_group(object()) and algo.max_resample_rounds() == 0
     assert algo.finalize(None, [], lambda t: t) == {}
     groups = [object()]
-    assert algo.resample(groups, None, None, None, 0, 1) == (groups, {})  # no filter: as they are, no metrics
+    rollout = OneProcess()
+    assert algo.resample(groups, rollout) == (groups, {})  # no filter: as they are, no metrics
+    assert rollout.drawn == [] and rollout.reduced == []
 
 
 def test_an_old_style_group_filter_still_resamples_with_its_config_cap():
     algo = as_algorithm(DuckFilter)(_Cfg())
     assert algo.max_resample_rounds() == 2
-    drawn: list[int] = []
-
-    def draw(n):
-        drawn.append(n)
-        return list(range(n))
-
-    out, m = algo.resample([[], [1]], lambda tasks, idx, r: [[]] * len(tasks), draw, lambda t: t, 0, 1)
-    assert len(out) == 2 and drawn == [1, 1]  # one slot short for two rounds, then filled with a dropped group
+    rollout = OneProcess()
+    out, m = algo.resample([[], [1]], rollout)
+    assert len(out) == 2 and rollout.drawn == [1, 1]  # one slot short for two rounds, then filled with a dropped group
     assert m == {"rollout/resample_rounds": 2.0, "rollout/dropped_groups": 3.0, "rollout/filled_groups": 1.0}
 
 
 def test_dynamic_sampling_stops_when_every_process_is_full():
-    calls: list[torch.Tensor] = []
-
-    def reduce(t):
-        calls.append(t.clone())
-        return t
-
-    out, m = DynamicSampling(lambda g: True, 3).refill(["a", "b"], None, None, reduce, 0, 1)
-    assert out == ["a", "b"] and m["rollout/resample_rounds"] == 0.0 and len(calls) == 2
+    rollout = OneProcess()
+    out, m = DynamicSampling(lambda g: True, 3).refill(["a", "b"], rollout)
+    assert out == ["a", "b"] and m["rollout/resample_rounds"] == 0.0 and len(rollout.reduced) == 2 and not rollout.drawn
 
 
 def test_a_plugin_missing_a_member_is_refused_by_name():

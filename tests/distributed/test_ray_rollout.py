@@ -306,22 +306,22 @@ def test_asynchronous_steps_on_the_workers(trainer, overrides, tmp_path):
         f"trainer.output_dir={tmp_path / 'async'}",
     ])  # fmt: skip
     asyn = Trainer(cfg, runtime=trainer.rt)  # the same workers and sandbox
-    assert asyn.asynchronous
+    assert asyn.batches.asynchronous
     v0 = policy.weight_version
-    asyn.producer = asyn._start_producer()
+    asyn.batches.start()
     batches = []
-    take = asyn.producer.take
+    take = asyn.batches.producer.take
 
     def recording():
         batches.append(take())
         return batches[-1]
 
-    asyn.producer.take = recording
+    asyn.batches.producer.take = recording
     try:
         metrics = [asyn.train_step(s) for s in range(2)]
     finally:
-        asyn._stop_producer()
-        asyn._loop_thread.stop()  # the runtime is the module's: its trainer closes it
+        asyn.batches.stop()
+        asyn.loop.close()  # the runtime is the module's: its trainer closes it
     assert policy.weight_version == v0 + 2 and {i["version"] for i in policy.worker_info()} == {v0 + 2}
     for m in metrics:
         assert m["rollout/trajectories"] == 4 and m["rollout/failed"] == 0 and m["async/staleness_max"] <= 1

@@ -100,3 +100,85 @@ def run_ranks():
         return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 
     return run
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc's parent links)."""
+    import contextlib
+
+    parent = {}
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        kids = [c for c, p in parent.items() if p == here]
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_when(cmd: list[str], ready, what: str, timeout: float = 600.0, env: dict | None = None) -> None:
+    """Run `cmd` (from the repository, in a session of its own) until `ready()` holds, then SIGKILL it and every
+    process below it: torchrun starts each worker in a session of its own, and a killed launcher alone leaves them
+    waiting in gloo for its 30-minute timeout. The test fails, with the end of the run's output, if the run ends
+    first or `ready()` does not hold within `timeout` s (the run is killed then too: it never outlives the test)."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import tempfile
+    import time
+
+    repo = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryFile("w+") as output:  # a file, not a pipe: a chatty run never blocks on a full pipe
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    output.seek(0)
+                    pytest.fail(f"the run {'ended' if proc.poll() is not None else f'ran {timeout:g} s'} before "
+                                f"{what} (exit {proc.returncode}):\n{output.read()[-4000:]}")  # fmt: skip
+                time.sleep(0.2)
+        finally:
+            workers = descendants(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended (exit {proc.returncode}) before it was killed at {what}"
+
+
+@pytest.fixture(scope="session")
+def kill_at():
+    """`kill_when`: run a command until a condition holds, then SIGKILL it and every process below it."""
+    return kill_when
+
+
+def checkpoint_step(out: Path) -> int:
+    """The step of the newest complete checkpoint in run folder `out` (0: none yet)."""
+    from agentenv.training.checkpoint import latest_checkpoint, read_state
+
+    last = latest_checkpoint(out)
+    return int(read_state(last)["step"]) if last is not None else 0
+
+
+@pytest.fixture(scope="session")
+def train_until_checkpoint(kill_at):
+    """Trains run config `cfg` with the `agentenv train` command and SIGKILLs it once checkpoint `step` (or a
+    later one) is complete; returns the step of the newest complete checkpoint the kill left."""
+
+    def run(cfg: RunConfig, cfg_file: Path, step: int, env: dict | None = None) -> int:
+        import yaml
+
+        cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
+        out = Path(cfg.trainer.output_dir)
+        kill_at([sys.executable, "-m", "agentenv.cli", "train", str(cfg_file)], lambda: checkpoint_step(out) >= step,
+                f"checkpoint {step}", env=env)  # fmt: skip
+        return checkpoint_step(out)
+
+    return run

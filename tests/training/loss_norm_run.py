@@ -38,18 +38,18 @@ def hand_batch(trainer) -> TrainBatch:
             mask[i, 5:8] = 0.0  # a tool result
         adv[i] = torch.randn((), generator=gen) * mask[i]
     batch = TrainBatch(ids, attention, mask, adv, torch.zeros(B, L - 1), torch.zeros(B, L - 1))
-    batch.old_logprobs = trainer.recompute(batch, trainer.unwrapped())
+    batch.old_logprobs = trainer.updater.recompute(batch, trainer.unwrapped())
     batch.sampler_logprobs = batch.old_logprobs.clone()
     return batch
 
 
 def gradients(trainer, batch: TrainBatch, micro_batch_size: int) -> dict[str, torch.Tensor]:
-    """For each aggregation: the flat gradient `Trainer.accumulate` leaves for `batch`."""
+    """For each aggregation: the flat gradient `Updater.accumulate` leaves for `batch`."""
     out = {}
     for agg in ("token_mean", "seq_mean_token_mean"):
-        trainer.algorithm = GRPO(GRPOConfig(group_size=2, loss_agg=agg))
+        trainer.updater.algorithm = GRPO(GRPOConfig(group_size=2, loss_agg=agg))
         trainer.opt.zero_grad(set_to_none=True)
-        trainer.accumulate(batch, micro_batch_size)
+        trainer.updater.accumulate(batch, micro_batch_size)
         out[agg] = torch.cat([p.grad.detach().flatten().cpu() for p in trainer.unwrapped().parameters()])
     trainer.opt.zero_grad(set_to_none=True)
     return out

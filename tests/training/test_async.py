@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,7 +50,8 @@ def test_every_batch_holds_the_bound_and_every_drawn_group_is_trained_once(eta):
         return _group(p.task, [start, version[0]])  # a push landed mid-group: tokens of two versions
 
     loop = LoopThread("test-rollout")
-    producer = AsyncRollout(loop, sample, draw, lambda: version[0], tasks_per_step=4, max_staleness=eta)
+    source = SimpleNamespace(sample=sample, draw=draw, version=lambda: version[0])  # a `GroupSource`
+    producer = AsyncRollout(loop, source, tasks_per_step=4, max_staleness=eta)
     trained: list[int] = []
     try:
         for _ in range(25):
@@ -232,44 +234,16 @@ def test_async_path_at_eta_0_equals_the_synchronous_trainer(fast_overrides, tmp_
 
 
 @pytest.mark.slow
-def test_sigkill_under_async_then_resume_regenerates_the_groups_in_flight(fast_overrides, tmp_path):
+def test_sigkill_under_async_then_resume_regenerates_the_groups_in_flight(fast_overrides, tmp_path, train_until_checkpoint):
     """eta = 1: a checkpoint records the groups drawn and not trained on; after SIGKILL, --resume trains on exactly
     the checkpoint's weights and past batches, rolls those groups out again first, and the bound holds throughout."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    import yaml
     from safetensors.torch import load_file
 
     from agentenv.training.checkpoint import latest_checkpoint, read_state
 
-    repo = Path(__file__).resolve().parents[2]
     cfg = config_from_dict({}, fast_overrides + ["trainer.steps=4", "trainer.max_staleness=1", "trainer.eval_tasks=0"])
     out = Path(cfg.trainer.output_dir)
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentenv.cli", "train", str(cfg_file)],
-        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-    )  # fmt: skip
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline:
-            last = latest_checkpoint(out)
-            if last is not None and read_state(last)["step"] >= 2:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"training exited early:\n{proc.stdout.read().decode()[-3000:]}")
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint at step 2 within 600 s")
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    train_until_checkpoint(cfg, tmp_path / "run.yaml", step=2)
     last = latest_checkpoint(out)
     state = read_state(last)
     k = state["step"]
@@ -281,7 +255,7 @@ def test_sigkill_under_async_then_resume_regenerates_the_groups_in_flight(fast_o
 
     trainer = Trainer(cfg, resume=True)
     try:
-        assert trainer.start_step == k and [p.task.id for p in trainer._resume_pending] == [t for _, t, _ in pending]
+        assert trainer.start_step == k and [p.task.id for p in trainer.batches.resume] == [t for _, t, _ in pending]
         saved = load_file(str(last / "model" / "model.safetensors"))
         live = trainer.unwrapped().state_dict()
         assert saved and all(torch.equal(saved[key], live[key]) for key in saved)

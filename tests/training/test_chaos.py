@@ -131,14 +131,14 @@ def test_training_survives_chaotic_tools_and_a_lost_container(fast_overrides):
     rt.make_env = make_env_factory(cfg.env, rt.tools, rt.tokenizer)
     trainer = Trainer(cfg, runtime=rt)
     errors: Counter[str] = Counter()
-    rollout = trainer.rollout
+    rollout = trainer.rollouts.groups
 
     async def recorded(*args, **kwargs):
         groups = await rollout(*args, **kwargs)
         errors.update(t.error.split(":")[0] for g in groups for t in g if t.failed)
         return groups
 
-    trainer.rollout = recorded
+    trainer.rollouts.groups = recorded
     before = {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
     t0 = time.monotonic()
     result = trainer.train()

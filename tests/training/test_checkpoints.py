@@ -11,8 +11,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -26,7 +24,6 @@ from agentenv.configs import config_from_dict
 from agentenv.training.checkpoint import checkpoint_dir, latest_checkpoint, read_state
 from agentenv.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[2]
 RUN = ["trainer.steps=3", "trainer.keep_checkpoints=3", "trainer.eval_tasks=0"]
 
 
@@ -125,10 +122,10 @@ _PAUSE_IN_SAVE = textwrap.dedent(
     import agentenv.training.checkpoint as ckpt
     write_state = ckpt.write_state
 
-    def paused(d, state):  # the checkpoint of step 2 is being written: stop here until killed
+    def paused(d, state):  # the checkpoint of step 2 is being written: say so, and stop here until killed
         write_state(d, state)
         if state["step"] == 2:
-            print("PAUSED", flush=True)
+            open(sys.argv[2], "w").close()
             time.sleep(600)
 
     ckpt.write_state = paused
@@ -144,27 +141,14 @@ def _records(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_checkpoint_write_then_resume_logs_like_an_uninterrupted_run(finished_run, fast_module_overrides, tmp_path):
+def test_sigkill_during_a_checkpoint_write_then_resume_logs_like_an_uninterrupted_run(finished_run, fast_module_overrides,
+                                                                                      tmp_path, kill_at):  # fmt: skip
     out = tmp_path / "killed"
     cfg = config_from_dict({}, fast_module_overrides + RUN + [f"trainer.output_dir={out}"])
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PAUSE_IN_SAVE, str(cfg_file)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True,
-    )  # fmt: skip
-    try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip() == "PAUSED":
-                break
-        else:
-            pytest.fail("training ended without pausing in the save of step 2:\n" + "".join(lines)[-3000:])
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    paused = tmp_path / "paused"
+    kill_at([sys.executable, "-c", _PAUSE_IN_SAVE, str(cfg_file), str(paused)], paused.exists, "the save of step 2")
     assert read_state(latest_checkpoint(out))["step"] == 1  # step 2's checkpoint never became one
     assert [json.loads(x)["step"] for x in (out / "batches.jsonl").read_text().splitlines()] == [1, 2]
 

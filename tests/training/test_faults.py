@@ -66,7 +66,7 @@ def test_a_hanging_group_fails_at_its_own_deadline_and_the_step_goes_on(fast_ove
     trainer = _scripted_trainer(overrides, hang_question=a.messages[-1]["content"])
     try:
         t0 = time.monotonic()
-        groups = trainer.run(trainer.rollout([a, b], step=0, indices=[0, 1]))
+        groups = trainer.run(trainer.rollouts.groups([a, b], step=0, indices=[0, 1]))
         elapsed = time.monotonic() - t0
     finally:
         trainer.close()
@@ -92,7 +92,7 @@ def test_a_sampler_that_raises_loses_its_own_group_only(fast_overrides):
 
     trainer.algorithm.sampler = lambda *args: Flaky(real(*args))
     try:
-        groups = trainer.run(trainer.rollout(trainer.rt.tasks.train[:2], step=0, indices=[0, 1]))
+        groups = trainer.run(trainer.rollouts.groups(trainer.rt.tasks.train[:2], step=0, indices=[0, 1]))
     finally:
         trainer.close()
     assert len(groups[0]) == trainer.algorithm.group_size()

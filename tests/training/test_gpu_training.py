@@ -20,13 +20,14 @@ pytestmark = [
         ("lora", 1, ["model.lora.r=4", "model.lora.alpha=8"]),
     ],
 )
-def test_killed_run_on_cuda_pushes_resumes_and_exports(case, nproc, extra, fast_overrides, launch_cmd, tmp_path,
+def test_killed_run_on_cuda_pushes_resumes_and_exports(case, nproc, extra, fast_overrides, launch_cmd, kill_at, tmp_path,
                                                        script_module):  # fmt: skip
     sharding = script_module("test_sharding")
     def launch(*args, nproc: int):  # torchrun for fsdp2 even on one GPU: its NCCL process group, as on a GPU node
         return launch_cmd(*args, nproc=nproc, torchrun=case == "fsdp2")
 
-    firsts, resumes = sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, tmp_path, device="cuda")
+    firsts, resumes = sharding.check_killed_run(case, nproc, extra, fast_overrides, launch, kill_at, tmp_path,
+                                                device="cuda")
     # on the GPU: both phases trained there, and the push and the resume moved real weights
     assert len(firsts) == len(resumes) == nproc
     assert all(d.startswith("cuda") for r in firsts + resumes for d in r["devices"].values()), firsts[0]["devices"]

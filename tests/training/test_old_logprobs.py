@@ -16,16 +16,16 @@ from agentenv.training.trainer import Trainer
 def _one_step(overrides: list[str], fuse: bool) -> tuple[dict, dict, list[int]]:
     """Step 1's metrics, the weights after it, and how many rows each recompute scored."""
     trainer = Trainer(config_from_dict({}, overrides))
-    assert trainer.fuse_old_logprobs  # GRPO, no reference model, no dropout: qualifies
-    trainer.fuse_old_logprobs = fuse
+    assert trainer.updater.fuse_old_logprobs  # GRPO, no reference model, no dropout: qualifies
+    trainer.updater.fuse_old_logprobs = fuse
     scored: list[int] = []
-    recompute = trainer.recompute
+    recompute = trainer.updater.recompute
 
     def counting(batch, model, rows=None):
         scored.append(len(batch) if rows is None else int(rows.sum()))
         return recompute(batch, model, rows)
 
-    trainer.recompute = counting  # type: ignore[method-assign]
+    trainer.updater.recompute = counting  # type: ignore[method-assign]
     trainer.train()
     out = Path(trainer.cfg.trainer.output_dir)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]

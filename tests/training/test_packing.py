@@ -182,14 +182,14 @@ def test_the_trainer_packs_by_default_and_recomputes_the_same_logprobs(fast_over
                                                  "algorithm.initial_rollouts=1", "algorithm.alpha=1.0"])  # fmt: skip
     trainer = Trainer(cfg)
     try:
-        assert trainer.pack  # auto: ARPO grows trees
-        groups = trainer.run(trainer.rollout(trainer.rt.tasks.train[:2], 0, [0, 1]))
+        assert trainer.updater.pack  # auto: ARPO grows trees
+        groups = trainer.run(trainer.rollouts.groups(trainer.rt.tasks.train[:2], 0, [0, 1]))
         trajs = [t for g in groups for t in g]
         batch = collate(trajs, [torch.zeros(len(t)) for t in trajs], trainer.pad_id)
         assert plan_packing(batch.input_ids[:4], batch.attention_mask[:4]).saving > 0.3  # the first tree
-        packed = trainer.recompute(batch, trainer.unwrapped())
-        trainer.pack = False
-        unpacked = trainer.recompute(batch, trainer.unwrapped())
+        packed = trainer.updater.recompute(batch, trainer.unwrapped())
+        trainer.updater.pack = False
+        unpacked = trainer.updater.recompute(batch, trainer.unwrapped())
         torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-4)
         assert packed.abs().sum() > 0
     finally:

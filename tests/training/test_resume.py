@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from agentenv.configs import config_from_dict
@@ -20,36 +14,13 @@ from agentenv.training.checkpoint import latest_checkpoint, read_state
 from agentenv.training.data import TaskStream
 from agentenv.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_sigkill_then_resume_draws_the_same_next_batch(fast_overrides, tmp_path):
+def test_sigkill_then_resume_draws_the_same_next_batch(fast_overrides, tmp_path, train_until_checkpoint):
     overrides = fast_overrides + ["trainer.steps=4"]
     cfg = config_from_dict({}, overrides)
     out = Path(cfg.trainer.output_dir)
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentenv.cli", "train", str(cfg_file)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline:
-            last = latest_checkpoint(out)
-            if last is not None and read_state(last)["step"] >= 2:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"training exited early:\n{proc.stdout.read().decode()[-3000:]}")
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint at step 2 within 600 s")
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    train_until_checkpoint(cfg, tmp_path / "run.yaml", step=2)
 
     last = latest_checkpoint(out)
     k = read_state(last)["step"]

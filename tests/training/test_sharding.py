@@ -10,11 +10,7 @@ batch; `agentenv export` of the last checkpoint scores like the trainer.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -36,58 +32,24 @@ CASES = {
 }
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc's parent links)."""
-    parent = {}
-    for d in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    out, todo = [], [pid]
-    while todo:
-        here = todo.pop()
-        kids = [c for c, p in parent.items() if p == here]
-        out += kids
-        todo += kids
-    return out
-
-
-def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path, launch_cmd) -> None:
+def run_killed_then_resumed(nproc: int, cfg_file: Path, out: Path, launch_cmd, kill_at) -> None:
     def launch(phase: str) -> list[str]:
         return launch_cmd(HERE / "shard_run.py", str(cfg_file), str(out), phase, nproc=nproc)
 
-    first = subprocess.Popen(
-        launch("first"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.time() + 600
-    try:
-        while not (out / "killme").exists():
-            if first.poll() is not None or time.time() > deadline:
-                pytest.fail(f"the first run ended before its checkpoint 1:\n{first.stdout.read().decode()[-4000:]}")
-            time.sleep(0.2)
-        # torchrun and its workers, mid-run: torchrun starts each worker in a session of its own, so they are
-        # killed by pid (a killed launcher alone leaves them waiting in gloo for its 30-minute timeout)
-        workers = descendants(first.pid)
-        os.killpg(first.pid, signal.SIGKILL)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    finally:
-        first.wait(timeout=60)
-    assert first.returncode == -signal.SIGKILL
+    kill_at(launch("first"), (out / "killme").exists, "its checkpoint 1")  # shard_run.py waits there, mid-run
     resumed = subprocess.run(launch("resume"), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-4000:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, launch_cmd, tmp_path):
+def test_killed_sharded_run_pushes_resumes_and_exports(case, fast_overrides, launch_cmd, kill_at, tmp_path):
     nproc, extra = CASES[case]
-    check_killed_run(case, nproc, extra, fast_overrides, launch_cmd, tmp_path)
+    check_killed_run(case, nproc, extra, fast_overrides, launch_cmd, kill_at, tmp_path)
 
 
 def check_killed_run(
-    case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, tmp_path: Path, device: str = "cpu"
+    case: str, nproc: int, extra: list[str], fast_overrides, launch_cmd, kill_at, tmp_path: Path, device: str = "cpu"
 ) -> tuple[list[dict], list[dict]]:
     """Train `nproc` processes with `extra` overrides on `device` (its type), SIGKILL after checkpoint 1, resume,
     export; check it all (also run on a CUDA device by tests/training/test_gpu_training.py)."""
@@ -98,7 +60,7 @@ def check_killed_run(
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
     run = Path(cfg.trainer.output_dir)
-    run_killed_then_resumed(nproc, cfg_file, tmp_path, launch_cmd)
+    run_killed_then_resumed(nproc, cfg_file, tmp_path, launch_cmd, kill_at)
 
     firsts = [torch.load(tmp_path / f"first.rank{r}.pt", weights_only=False) for r in range(nproc)]
     resumes = [torch.load(tmp_path / f"resume.rank{r}.pt", weights_only=False) for r in range(nproc)]

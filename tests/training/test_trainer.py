@@ -11,7 +11,7 @@ from agentenv.training.trainer import Trainer
 
 def test_few_steps_change_weights_and_policy_serves_them(fast_config):
     trainer = Trainer(fast_config)
-    assert not trainer.pack  # trainer.pack_prefixes=auto packs trees only; a GRPO group shares only its prompt
+    assert not trainer.updater.pack  # trainer.pack_prefixes=auto packs trees only; a GRPO group shares only its prompt
     before = {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
     sample_ids = None
     try:

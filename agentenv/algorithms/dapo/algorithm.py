@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from agentenv.algorithms.base import Draw, Reduce, RolloutRound, TrainBatch
+from agentenv.algorithms.base import Reduce, StepRollout, TrainBatch
 from agentenv.algorithms.core import broadcast, episode_rewards, valid_advantages
 from agentenv.algorithms.dapo.config import DAPOConfig
 from agentenv.algorithms.dapo.loss import OVERLONG_REASONS, informative, overlong_mask, overlong_penalty
@@ -60,13 +60,9 @@ class DAPO(GRPO):
     def max_resample_rounds(self) -> int:
         return int(self.cfg.max_resample_rounds)
 
-    def resample(
-        self, groups: list[Group], rollout: RolloutRound, draw: Draw, reduce: Reduce, rank: int, world: int
-    ) -> tuple[list[Group], dict[str, float]]:
+    def resample(self, groups: list[Group], rollout: StepRollout) -> tuple[list[Group], dict[str, float]]:
         """Dynamic sampling: the groups `keep_group` rejects replaced by new tasks' groups (`DynamicSampling`)."""
-        return DynamicSampling(self.keep_group, self.max_resample_rounds()).refill(
-            groups, rollout, draw, reduce, rank, world
-        )
+        return DynamicSampling(self.keep_group, self.max_resample_rounds()).refill(groups, rollout)
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
         """Overlong filtering: trajectories cut by a token budget leave the loss (and its normalizer)."""
