@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("config", help="a run config: model, policy, env (tasks, tools) and ARPO's thresholds")
     ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the run config")
     ap.add_argument("--checkpoint", default=None, help="a model directory instead of model.path")
-    ap.add_argument("--tasks", type=int, default=300, help="the first N held-out tasks")
+    ap.add_argument("--tasks", type=int, default=300, help="the first N held-out tasks, kinds in turn (as `agentenv eval` takes them)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--max-trajectories", type=int, default=16, help="cap per task and sampler (GRPO's G, ARPO's M)")
     ap.add_argument("--width", type=int, default=2, help="episodes in flight per task (ARPO's N initial paths)")
@@ -47,6 +47,7 @@ def main() -> None:
 
     from agentenv.bench.explore import ExploreConfig, Outcome, budgeted_env_factory, explore, markdown, paired_rows
     from agentenv.configs import load_config
+    from agentenv.tasks import balanced_subset
     from agentenv.training.build import build_runtime
 
     cfg = load_config(args.config, args.overrides)
@@ -62,7 +63,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rt = build_runtime(cfg, args.checkpoint)
     start_s = time.perf_counter() - t0
-    tasks = rt.tasks.heldout[: args.tasks]
+    tasks = balanced_subset(rt.tasks.heldout, args.tasks)
     if len(tasks) < args.tasks:
         print(f"warning: only {len(tasks)} held-out tasks (asked for {args.tasks})", file=sys.stderr)
     params = cfg.policy.sampling_params()
