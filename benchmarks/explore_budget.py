@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/explore_budget")
     ap.add_argument("--resume", action="store_true", help="keep --out's outcomes.jsonl; measure only what it lacks")
+    ap.add_argument("--report-only", action="store_true",
+                    help="sample nothing: the table of --out's outcomes.jsonl (a stopped run's), printed")  # fmt: skip
     args = ap.parse_args()
 
     from agentenv.bench.explore import ExploreConfig, Outcome, budgeted_env_factory, explore, markdown, paired_rows
@@ -50,6 +52,11 @@ def main() -> None:
     from agentenv.tasks import balanced_subset
     from agentenv.training.build import build_runtime
 
+    if args.report_only:
+        got = [Outcome(**json.loads(line)) for line in (Path(args.out) / "outcomes.jsonl").read_text().splitlines()]
+        n = len({o.task_id for o in got})
+        print(f"{n} tasks; budgets {sorted({o.budget for o in got})}\n\n" + markdown(paired_rows(got), n), flush=True)
+        return
     cfg = load_config(args.config, args.overrides)
     algo = cfg.algorithm_config
     arpo = {k: getattr(algo, k) for k in ARPO_KEYS if hasattr(algo, k)}
