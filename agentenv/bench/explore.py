@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,24 +236,37 @@ async def explore_task(
 
 async def explore(
     cfg: ExploreConfig, policy: Policy, env_for: EnvFor, tokenizer: Tokenizer, tasks: Sequence[Task],
-    params: SamplingParams, progress: Callable[[str], None] | None = None,
+    params: SamplingParams, progress: Callable[[str], None] | None = None, *,
+    done: Container[tuple[int, str]] = frozenset(), on_chunk: Callable[[list[Outcome]], None] | None = None,
 ) -> list[Outcome]:  # fmt: skip
-    """Every (budget, task, sampler), `tasks_at_once` tasks at a time (both samplers of a task together).
+    """Every (budget, task, sampler), `tasks_at_once` tasks at a time (each at every budget, both samplers, together).
 
-    Task i gets the seed `cfg.seed * 1_000_003 + i` under both samplers and every budget.
+    Task i gets the seed `cfg.seed * 1_000_003 + i` under both samplers and every budget. A chunk of tasks is
+    measured at every budget before the next starts, so a run stopped midway holds every budget on the same
+    tasks (paired across budgets as well).
+
+    Args:
+        done: (budget, task id) pairs measured already (a resumed run): skipped; the other tasks keep their
+            seeds (i is the index in `tasks`), so a resumed run measures what an uninterrupted one would.
+        on_chunk: Called with each chunk's outcomes as soon as it finishes (to write them as they come).
     """
     out: list[Outcome] = []
-    for B in cfg.budgets:
-        for lo in range(0, len(tasks), cfg.tasks_at_once):
-            chunk = list(enumerate(tasks))[lo : lo + cfg.tasks_at_once]
-            jobs = [
-                explore_task(cfg, name, B, policy, env_for, tokenizer, t, params, cfg.seed * 1_000_003 + i)
-                for i, t in chunk
-                for name in SAMPLERS
-            ]
-            out += await asyncio.gather(*jobs)
-            if progress:
-                progress(f"B={B}: {min(lo + cfg.tasks_at_once, len(tasks))}/{len(tasks)} tasks")
+    todo = [(i, t) for i, t in enumerate(tasks) if any((B, t.id) not in done for B in cfg.budgets)]
+    for lo in range(0, len(todo), cfg.tasks_at_once):
+        chunk = todo[lo : lo + cfg.tasks_at_once]
+        jobs = [
+            explore_task(cfg, name, B, policy, env_for, tokenizer, t, params, cfg.seed * 1_000_003 + i)
+            for i, t in chunk
+            for B in cfg.budgets
+            if (B, t.id) not in done
+            for name in SAMPLERS
+        ]
+        got = await asyncio.gather(*jobs)
+        out += got
+        if on_chunk:
+            on_chunk(got)
+        if progress:
+            progress(f"{len(tasks) - len(todo) + lo + len(chunk)}/{len(tasks)} tasks, budgets {list(cfg.budgets)}")
     return out
 
 

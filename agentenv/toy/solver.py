@@ -10,6 +10,10 @@ answer the calls when the turns are replayed (`agentenv.training.sft_data`).
 with a two-significant-digit estimate (`agentenv.toy.tiny.traces.estimate_turns`:
 well formed, wrong): a cold start that under-uses its tool, as the tiny model's
 build does, so that RL has a choice to learn.
+
+`per_kind` answers only the first N tasks of each kind (None for the rest): the
+toy train split lists its kinds one after the other, so SFT's first examples
+are then a mix of the kinds, not the first kind alone.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def _estimated(task: Task, share: float) -> bool:
 
 def solve(
     task: Task, tools: Mapping[str, Any], tool_format: str, estimate_share: float = 0.0, think: bool = False,
-    explain: bool = True,
+    explain: bool = True, per_kind: int | None = None,
 ) -> list[str] | None:
     """The policy turns that solve a toy task in `tool_format`, or None (not a toy task, or a tool is missing).
 
@@ -57,11 +61,15 @@ def solve(
             (else as a plain sentence).
         explain: Write that reasoning at all in hermes turns (False: the call or the answer alone, the
             shortest turns: "I will compute it with python." is 8 of SmolLM2's tokens).
+        per_kind: Solve only the tasks whose index within their kind (`toy-<kind>-<split>-<index>`) is
+            below this; None: every task.
     """
     from agentenv.toy.tiny.traces import estimate_turns
 
     solution = task.metadata.get("solution")
     if solution is None or any(s["tool"] not in tools for s in solution):
+        return None
+    if per_kind is not None and int(task.id.rsplit("-", 1)[1]) >= per_kind:
         return None
     if estimate_share and _estimated(task, estimate_share):
         try:

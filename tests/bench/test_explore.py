@@ -104,3 +104,31 @@ def test_an_env_class_the_budget_cannot_keep_is_refused_by_name():
         budgeted_env_factory(cfg, {"search": EchoTool("search")}, TOK, ToolBudget(4))
     make = budgeted_env_factory(AgentEnvConfig(), {"search": EchoTool("search")}, TOK, ToolBudget(4))
     assert isinstance(make(), BudgetedEnv)
+
+
+def test_a_resumed_run_skips_what_is_done_and_keeps_every_task_s_seed(monkeypatch):
+    """`done` (budget, task) pairs are not sampled again; the others get the seed an uninterrupted run gives them
+    (their index in the task list); a chunk of tasks runs at every budget it lacks, and its outcomes reach
+    `on_chunk` as it finishes."""
+    import agentenv.bench.explore as explore_mod
+
+    seeds: list[tuple[int, str, str, int]] = []
+    real = explore_mod.explore_task
+
+    async def spy(cfg, name, B, policy, env_for_, tokenizer, task, params, seed):
+        seeds.append((B, task.id, name, seed))
+        return await real(cfg, name, B, policy, env_for_, tokenizer, task, params, seed)
+
+    monkeypatch.setattr(explore_mod, "explore_task", spy)
+    cfg = ExploreConfig(budgets=(2, 4), max_trajectories=4, width=2, tasks_at_once=2, seed=1)
+    tasks = [make_task(task_id=f"t{i}") for i in range(4)]
+    chunks: list[list[Outcome]] = []
+    outs = asyncio.run(explore(cfg, ScriptedPolicy(TOK, TURNS), env_for, TOK, tasks, SamplingParams(max_tokens=64),
+                               done={(2, "t0"), (2, "t2"), (4, "t1")}, on_chunk=chunks.append))  # fmt: skip
+    todo = [(2, "t1"), (2, "t3"), (4, "t0"), (4, "t2"), (4, "t3")]
+    assert sorted((o.budget, o.task_id) for o in outs if o.sampler == "grpo") == todo
+    assert sorted((B, t, s, seed) for B, t, s, seed in seeds) == sorted(
+        (B, t, s, 1_000_003 + int(t[1:])) for B, t in todo for s in ("grpo", "arpo")
+    )
+    assert [len(c) for c in chunks] == [4, 6]  # t0 at 4, t1 at 2; then t2 at 4, t3 at 2 and 4 (x 2 samplers)
+    assert [o for c in chunks for o in c] == outs

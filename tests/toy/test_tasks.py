@@ -252,3 +252,23 @@ def test_with_kb_scale_multiplies_every_knowledge_base_count():
         3 * base.kb_countries, 3 * base.kb_people, 3 * base.kb_distractors
     )
     assert big.kb_cities == 3 * base.kb_cities and big.kb_companies == 3 * base.kb_companies
+
+
+def test_solver_per_kind_mixes_kinds_the_split_lists_one_after_the_other(suite):
+    """The train split lists its kinds in turn, so SFT's first N solved tasks are one kind; `per_kind` solves only
+    each kind's first ones, so the first examples mix the kinds (each solved as without the option)."""
+    from agentenv.envs.testing import EchoTool
+    from agentenv.toy.solver import solve
+    from agentenv.training.sft_data import solve_tasks
+
+    tools = {n: EchoTool(n) for n in ("search", "python")}
+    train = [t for t in suite.train if t.metadata["kind"] in ("twohop", "both")]
+    assert train[SMALL.n_twohop_train - 1].metadata["kind"] == "twohop"  # kind after kind: 150 twohop first
+    first = solve_tasks(solve, train, tools, "hermes", {"explain": False}, 6)
+    assert {c.task.metadata["kind"] for c in first} == {"twohop"}
+    mixed = solve_tasks(solve, train, tools, "hermes", {"explain": False, "per_kind": 3}, 6)
+    want = [f"toy-{k}-train-{i:05d}" for k in ("twohop", "both") for i in range(3)]
+    assert [c.task.id for c in mixed] == want
+    for c in mixed:
+        assert list(c.turns) == solve(c.task, tools, "hermes", explain=False)
+    assert solve(train[3], tools, "hermes", per_kind=3) is None
