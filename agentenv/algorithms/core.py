@@ -232,9 +232,10 @@ register("reinforce_pp", REINFORCE_PP_ESTIMATOR)
 register("reinforce_pp_baseline", REINFORCE_PP_BASELINE_ESTIMATOR)
 
 
-def estimator_for(name: str, normalize_std: bool) -> Estimator:
-    """The estimator called `name`, where `grpo` without `normalize_std` is Dr. GRPO's mean-centred `dr_grpo`."""
-    return get_estimator("dr_grpo" if name == "grpo" and not normalize_std else name)
+def estimator_for(name: str, cfg: Any) -> Estimator:
+    """The estimator called `name`, where `grpo` without the config's `normalize_std` is Dr. GRPO's mean-centred
+    `dr_grpo` (a config is asked only for `grpo`: RLOO's has no `normalize_std`)."""
+    return get_estimator("dr_grpo" if name == "grpo" and not cfg.normalize_std else name)
 
 
 def broadcast(traj: Trajectory, value: float) -> torch.Tensor:
@@ -476,7 +477,7 @@ def policy_loss(
     agg: Aggregation | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO's clipped loss on one micro-batch, normalized by `norm` (the mini-batch's counts; None: this
-    micro-batch's); the `clipped` and `dr_grpo` losses. Metrics are this micro-batch's means.
+    micro-batch's): the policy losses `clipped` and `dr_grpo`. Metrics are this micro-batch's means.
 
     Args:
         cfg: The algorithm's config (a `TokenLossConfig`): `clip_low`, `clip_high`,
@@ -527,12 +528,12 @@ class PolicyLoss(Protocol):
         batch: The micro-batch; `new_logprobs` (B, T), with gradients.
         cfg: The algorithm's config; a loss reads its own fields of it (`clipped`:
             a `MeanLossConfig`'s; `dr_grpo`: a `TokenLossConfig`'s and `loss_constant`; `gspo`: the clip range).
-        kl_coef: The weight of a KL term in the loss: the config's `kl_coef`, or 0
-            where the estimator folds the KL into the return (REINFORCE++).
+        kl_in_return: The estimator folded the KL penalty into the return
+            (REINFORCE++): the loss adds no KL term of its own.
     """
 
     def __call__(
-        self, batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, kl_coef: float
+        self, batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
@@ -556,21 +557,21 @@ def get_loss(name: str, key: str = "algorithm.name") -> PolicyLoss:
 
 
 def clipped_loss(
-    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, kl_coef: float
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`clipped`: GRPO's clipped token loss, its mean `cfg.loss_agg` (GRPO, DAPO, ARPO, GiGPO, RLOO, REINFORCE++)."""
-    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=kl_coef)
+    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=0.0 if kl_in_return else None)
 
 
 def constant_normalized_loss(
-    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, kl_coef: float
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`dr_grpo`: the clipped token loss summed over tokens and divided by sequences * `cfg.loss_constant` (Dr. GRPO)."""
 
     def agg(per_token: torch.Tensor, mask: torch.Tensor, n: LossNorm | None) -> torch.Tensor:
         return constant_normalized_sum(per_token, mask, cfg.loss_constant, n)
 
-    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=kl_coef, agg=agg)
+    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=0.0 if kl_in_return else None, agg=agg)
 
 
 register_loss("clipped", clipped_loss)

@@ -20,7 +20,7 @@ from agentenv.types import Group, Trajectory
 
 def estimator_of(cfg: ARPOConfig) -> Estimator:
     """`cfg.estimator` (`grpo` without `normalize_std`: `dr_grpo`)."""
-    return estimator_for(cfg.estimator, cfg.normalize_std)
+    return estimator_for(cfg.estimator, cfg)
 
 
 def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:

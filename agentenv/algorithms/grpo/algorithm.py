@@ -42,7 +42,7 @@ class IndependentSampler:
 def trajectory_advantages(group: Group, normalize_std: bool = True) -> list[float]:
     """One scalar advantage per trajectory (GRPO's, or Dr. GRPO's without the std); failed ones get 0
     and do not move the group's statistics."""
-    return group_scalars(group, estimator_for("grpo", normalize_std).scalars)
+    return group_scalars(group, estimator_for("grpo", GRPOConfig(normalize_std=normalize_std)).scalars)
 
 
 class GRPO(Algorithm):
@@ -56,12 +56,12 @@ class GRPO(Algorithm):
     """
 
     config_cls: ClassVar[type] = GRPOConfig
-    estimator_name: ClassVar[str] = "grpo"  # `grpo` without the config's normalize_std is `dr_grpo`
+    estimator_name: ClassVar[str] = "grpo"  # `grpo` without the config's normalize_std is `dr_grpo` (`estimator_for`)
     loss_name: ClassVar[str] = "clipped"
 
     def estimator(self) -> Estimator:
         """The trajectory-level advantage estimator (`agentenv.algorithms.core`)."""
-        return estimator_for(self.estimator_name, self.cfg.normalize_std)
+        return estimator_for(self.estimator_name, self.cfg)
 
     def sampler(self, rollout: RolloutConfig | None = None) -> Sampler:
         return IndependentSampler(self.cfg.group_size, rollout)
@@ -78,6 +78,5 @@ class GRPO(Algorithm):
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The policy loss `loss_name`; its KL term off where the estimator puts the KL in the return."""
-        kl_coef = 0.0 if self.estimator().kl_in_return else self.cfg.kl_coef
-        return get_loss(self.loss_name)(batch, new_logprobs, self.cfg, norm, kl_coef)
+        """The policy loss `loss_name` (with no KL term where the estimator put the KL in the return)."""
+        return get_loss(self.loss_name)(batch, new_logprobs, self.cfg, norm, kl_in_return=self.estimator().kl_in_return)

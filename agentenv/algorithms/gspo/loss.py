@@ -55,10 +55,10 @@ def sequence_mean(per_seq: torch.Tensor, norm: LossNorm) -> torch.Tensor:
 
 
 def gspo_policy_loss(
-    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, kl_coef: float
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`gspo` (`agentenv.algorithms.core.PolicyLoss`): `gspo_loss` clipped by `cfg.clip_low` / `cfg.clip_high`, its
-    mean over the mini-batch's sequences; metrics per sequence. GSPO has no KL term (`kl_coef` is 0)."""
+    mean over the mini-batch's sequences; metrics per sequence. GSPO has no KL term."""
     mask = batch.loss_mask  # (B, T)
     norm = norm or LossNorm.of(mask)
     per_seq, clipped, ratio = gspo_loss(new_logprobs, batch.old_logprobs, batch.advantages, mask, cfg.clip_low, cfg.clip_high)
