@@ -124,9 +124,17 @@ def test_a_variant_reads_only_the_keys_its_estimator_and_loss_take():
     assert not algo.needs_reference()
 
 
-def test_an_unknown_loss_name_suggests_the_closest():
+def test_an_unknown_loss_or_estimator_name_fails_when_the_algorithm_is_built():
+    class Typo(GRPO):
+        loss_name: ClassVar[str] = "clippd"
+
+    class EstimatorTypo(GRPO):
+        estimator_name: ClassVar[str] = "rlo"
+
     with pytest.raises(ConfigError, match=r"unknown policy loss 'clippd'\. Did you mean 'clipped'"):
-        get_loss("clippd")
+        Typo()
+    with pytest.raises(ConfigError, match=r"unknown advantage estimator 'rlo'\. Did you mean 'rloo'"):
+        EstimatorTypo()
 
 
 def test_a_plugin_without_generated_tokens_gets_the_base_count():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -58,6 +58,11 @@ class GRPO(Algorithm):
     config_cls: ClassVar[type] = GRPOConfig
     estimator_name: ClassVar[str] = "grpo"  # `grpo` without the config's normalize_std is `dr_grpo` (`estimator_for`)
     loss_name: ClassVar[str] = "clipped"
+
+    def __init__(self, cfg: Any = None):
+        super().__init__(cfg)
+        self.estimator()  # an unknown estimator or loss name fails here, not at the first step
+        get_loss(self.loss_name)
 
     def estimator(self) -> Estimator:
         """The trajectory-level advantage estimator (`agentenv.algorithms.core`)."""
