@@ -199,8 +199,15 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
 
     Raises:
         ConfigError: An unknown key (with the closest known one, or for a key
-            in the class's `renamed_keys` mapping, what it became), a value of the
-            wrong type, or what `cls` itself rejects, named by its dotted key.
+            in the class's `renamed_keys` mapping, what it became), a key in its
+            `fixed_keys` mapping given another value than the one the class fixes,
+            a value of the wrong type, or what `cls` itself rejects, named by its dotted key.
+
+    A class's `fixed_keys` maps a key of related classes that it does not take
+    to why (a variant that fixes what its family lets others choose): given the
+    value of the class attribute of that name, the key is accepted and ignored
+    (it asks for what the class does); any other value, or any value where the
+    class has no such attribute, is refused with the reason.
     """
     if isinstance(data, cls):
         return data
@@ -213,6 +220,7 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
     names = list(fields)
     rest = _rest_name(cls)
     renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
+    fixed: dict[str, str] = getattr(cls, "fixed_keys", {})  # key the class does not take -> why
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():
@@ -223,6 +231,11 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
                 continue
             if key in renamed:
                 raise ConfigError(full, f"was renamed (value {value!r}): {full} {renamed[key]}")
+            if key in fixed:
+                if hasattr(cls, key) and value == getattr(cls, key):
+                    continue  # what the class does anyway
+                at = f"is fixed at {getattr(cls, key)!r} for" if hasattr(cls, key) else "is not a setting of"
+                raise ConfigError(full, f"{at} this algorithm, got {value!r}: {fixed[key]}; leave the key out")
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(full, f"unknown key (value {value!r}){hint} Known keys: {', '.join(names)}")

@@ -19,7 +19,7 @@ from agentenv.algorithms.dynamic_sampling import DynamicSampling
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry
 
-_REQUIRED = ("config_cls", "sampler", "advantages", "loss", "generated_tokens")
+_REQUIRED = ("config_cls", "sampler", "advantages", "loss")
 
 
 def _missing(obj: Any) -> list[str]:

@@ -158,8 +158,8 @@ class Algorithm(ABC):
     every step, and nothing else of a plugin. Register one by name
     (`agentenv.algorithms.register`), name it as `module:attr`, or ship it in
     the `agentenv.algorithms` entry-point group. A plugin must define
-    `config_cls`, `sampler`, `advantages`, `loss` and `generated_tokens`; the
-    others have defaults here. A plugin class that does not subclass
+    `config_cls`, `sampler`, `advantages` and `loss`; the others have
+    defaults here. A plugin class that does not subclass
     `Algorithm` is given these defaults by the registry (see
     `agentenv.algorithms.as_algorithm`). The required hooks are abstract: a
     subclass that lacks one cannot be instantiated, and says which.
@@ -182,11 +182,6 @@ class Algorithm(ABC):
         timeout, concurrency over the step's groups)."""
 
     @abstractmethod
-    def generated_tokens(self, group: Group) -> int:
-        """Policy tokens the sampler generated for `group` (a shared prefix counts once);
-        `group_generated_tokens` counts any group whose trajectories record their branch points."""
-
-    @abstractmethod
     def advantages(self, group: Group) -> list[torch.Tensor]:
         """Per trajectory, a (len(trajectory),) tensor of per-token advantages."""
 
@@ -202,6 +197,11 @@ class Algorithm(ABC):
         """
 
     # ---------------------------------------------------------------- defaults
+    def generated_tokens(self, group: Group) -> int:
+        """Policy tokens the sampler generated for `group`; default: `group_generated_tokens` (a shared
+        prefix counts once: it reads the branch points every trajectory records)."""
+        return group_generated_tokens(group)
+
     def group_size(self) -> int:
         """Trajectories per task (G for GRPO, M for ARPO); default: the config's `group_size`."""
         return int(self.cfg.group_size)

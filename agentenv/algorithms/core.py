@@ -1,4 +1,4 @@
-"""The shared algorithm math, as pure functions on tensors, and the advantage estimators by name.
+"""The shared algorithm math, as pure functions on tensors, and the advantage estimators and policy losses by name.
 
 Every algorithm builds on these: group advantages (GRPO's, Dr. GRPO's mean-centred,
 RLOO's leave-one-out, REINFORCE++'s outcome and group-mean baselines), the
@@ -17,7 +17,14 @@ REINFORCE++ use theirs; ARPO takes any of them (`algorithm.estimator`):
     algorithm: {name: arpo, estimator: rloo}
     algorithm: {name: arpo, estimator: reinforce_pp, kl_coef: 0.01}
 
-An installed package adds estimators through the `agentenv.estimators` entry-point group.
+A policy loss turns a micro-batch into the loss and its metrics (`PolicyLoss`):
+`clipped` (GRPO's clipped token loss, its mean `loss_agg`), `dr_grpo` (the same,
+divided by a constant instead of lengths), `gspo` (a clipped loss per
+sequence). An algorithm of GRPO's family names its estimator and its loss
+(`agentenv.algorithms.grpo.GRPO`), so a variant is a config class and two names.
+
+An installed package adds estimators and losses through the `agentenv.estimators`
+and `agentenv.policy_losses` entry-point groups.
 
 REINFORCE++ follows OpenRLHF (Hu's framework,
 `experience_maker.compute_advantages_and_returns`): the outcome reward sits on a
@@ -41,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
@@ -223,6 +230,12 @@ register("dr_grpo", DR_GRPO_ESTIMATOR)
 register("rloo", RLOO_ESTIMATOR)
 register("reinforce_pp", REINFORCE_PP_ESTIMATOR)
 register("reinforce_pp_baseline", REINFORCE_PP_BASELINE_ESTIMATOR)
+
+
+def estimator_for(name: str, cfg: Any) -> Estimator:
+    """The estimator called `name`, where `grpo` without the config's `normalize_std` is Dr. GRPO's mean-centred
+    `dr_grpo` (a config is asked only for `grpo`: RLOO's has no `normalize_std`)."""
+    return get_estimator("dr_grpo" if name == "grpo" and not cfg.normalize_std else name)
 
 
 def broadcast(traj: Trajectory, value: float) -> torch.Tensor:
@@ -464,12 +477,11 @@ def policy_loss(
     agg: Aggregation | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO's clipped loss on one micro-batch, normalized by `norm` (the mini-batch's counts; None: this
-    micro-batch's); shared by algorithms that reuse it (ARPO, DAPO, Dr. GRPO, RLOO, REINFORCE++).
-    Metrics are this micro-batch's means.
+    micro-batch's): the policy losses `clipped` and `dr_grpo`. Metrics are this micro-batch's means.
 
     Args:
-        cfg: The algorithm's config (`GRPOConfig` or a subclass): `clip_low`, `clip_high`,
-            `loss_agg`, `kl_coef` and the rollout correction's fields.
+        cfg: The algorithm's config (a `TokenLossConfig`): `clip_low`, `clip_high`,
+            `kl_coef`, the rollout correction's fields, and `loss_agg` where `agg` is None.
         kl_coef: The k3 KL term's weight in the loss (None: `cfg.kl_coef`; 0 where
             the KL lives in the return, as REINFORCE++'s).
         agg: `agg(per_token, mask, norm)` -> the scalar loss (None: `aggregate` with
@@ -505,3 +517,63 @@ def policy_loss(
         metrics["ratio_mean"] = masked_mean(torch.exp(new_logprobs - batch.old_logprobs), mask).item()
         metrics["pg_loss"] = agg(per_token, mask, None).item()  # this micro-batch's mean
     return loss, metrics
+
+
+# ---------------------------------------------------------------- policy losses by name
+class PolicyLoss(Protocol):
+    """A policy loss: one micro-batch's loss, divided by `norm` (the mini-batch's counts; None: this
+    micro-batch's), and its metrics (this micro-batch's means).
+
+    Args:
+        batch: The micro-batch; `new_logprobs` (B, T), with gradients.
+        cfg: The algorithm's config; a loss reads its own fields of it (`clipped`:
+            a `MeanLossConfig`'s; `dr_grpo`: a `TokenLossConfig`'s and `loss_constant`; `gspo`: the clip range).
+        kl_in_return: The estimator folded the KL penalty into the return
+            (REINFORCE++): the loss adds no KL term of its own.
+    """
+
+    def __call__(
+        self, batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def _check_loss(obj: Any, key: str) -> PolicyLoss:
+    if not callable(obj):
+        raise ConfigError(key, f"{obj!r} is not a policy loss (agentenv.algorithms.core.PolicyLoss)")
+    return cast(PolicyLoss, obj)
+
+
+_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algorithm.name", group="agentenv.policy_losses", adapt=_check_loss)
+
+
+def register_loss(name: str, loss: PolicyLoss | str, *, overwrite: bool = False) -> None:
+    """Register a policy loss (or a lazy `"module:attr"` string) under `name`."""
+    _LOSSES.register(name, loss, overwrite=overwrite)
+
+
+def get_loss(name: str, key: str = "algorithm.name") -> PolicyLoss:
+    """The policy loss called `name`; an unknown name raises a ConfigError naming `key` and the closest names."""
+    return _LOSSES.get(name, key)
+
+
+def clipped_loss(
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`clipped`: GRPO's clipped token loss, its mean `cfg.loss_agg` (GRPO, DAPO, ARPO, GiGPO, RLOO, REINFORCE++)."""
+    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=0.0 if kl_in_return else None)
+
+
+def constant_normalized_loss(
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`dr_grpo`: the clipped token loss summed over tokens and divided by sequences * `cfg.loss_constant` (Dr. GRPO)."""
+
+    def agg(per_token: torch.Tensor, mask: torch.Tensor, n: LossNorm | None) -> torch.Tensor:
+        return constant_normalized_sum(per_token, mask, cfg.loss_constant, n)
+
+    return policy_loss(batch, new_logprobs, cfg, norm, kl_coef=0.0 if kl_in_return else None, agg=agg)
+
+
+register_loss("clipped", clipped_loss)
+register_loss("dr_grpo", constant_normalized_loss)
+register_loss("gspo", "agentenv.algorithms.gspo.loss:gspo_policy_loss")

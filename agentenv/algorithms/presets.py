@@ -1,9 +1,9 @@
-"""Algorithms that are GRPO with other settings, as presets: a config class (its defaults and checks) and an estimator.
+"""Algorithms that are GRPO with another estimator or loss, as presets: a config class and the registered names.
 
 RLOO, Dr. GRPO and REINFORCE++ (and REINFORCE++-baseline) share GRPO's
-independent sampler and clipped loss (`agentenv.algorithms.core.policy_loss`);
-each differs in its advantage estimator (`agentenv.algorithms.core`) and, for
-Dr. GRPO, the loss's aggregation. Each is registered under its own name.
+independent sampler; each names its advantage estimator and its policy loss
+(`agentenv.algorithms.core`): RLOO and REINFORCE++ GRPO's `clipped` loss,
+Dr. GRPO its constant normalizer, `dr_grpo`. Each is registered under its own name.
 """
 
 from __future__ import annotations
@@ -11,48 +11,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from agentenv.algorithms.base import LossNorm
-from agentenv.algorithms.core import constant_normalized_sum
-from agentenv.algorithms.grpo import GRPO, GRPOConfig
-from agentenv.errors import ConfigError
+from agentenv.algorithms.grpo import GRPO, GRPOConfig, MeanLossConfig, TokenLossConfig
 from agentenv.loader import check_number
 
+_NO_STD = "its advantage is not divided by a std"
+
 
 @dataclass(frozen=True)
-class RLOOConfig(GRPOConfig):
+class RLOOConfig(MeanLossConfig):
     """REINFORCE Leave-One-Out (Ahmadian et al., 2024, arXiv 2402.14740; Kool et al., 2019).
 
-    The other fields are GRPO's (`GRPOConfig`): `group_size` (k, samples per
-    prompt; the paper: 2 to 4), `clip_low`, `clip_high` (the PPO clipped
-    surrogate, as TRL's and verl's RLOO), `loss_agg`, `kl_coef`, the rollout
-    correction.
-
-    Attributes:
-        normalize_std: Must stay False: RLOO's baseline is the mean of the
-            other samples' rewards, A_i = r_i - mean_{j != i} r_j, unscaled.
+    Its fields are GRPO's clipped token loss's (`MeanLossConfig`): `group_size`
+    (k, samples per prompt; the paper: 2 to 4), `clip_low`, `clip_high` (the
+    PPO clipped surrogate, as TRL's and verl's RLOO), `loss_agg`, `kl_coef`, the
+    rollout correction. Each sample's baseline is the mean of the others'
+    rewards, A_i = r_i - mean_{j != i} r_j, unscaled: `normalize_std` is False
+    (the key is accepted at false, refused at true).
     """
 
-    normalize_std: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.normalize_std:
-            raise ConfigError("algorithm.normalize_std", "must be false for rloo: its advantage is r_i - mean_{j != i} r_j")
+    normalize_std: ClassVar[bool] = False
+    fixed_keys: ClassVar[dict[str, str]] = {"normalize_std": f"rloo: {_NO_STD} (r_i - mean_{{j != i}} r_j)"}
 
 
 @dataclass(frozen=True)
-class DrGRPOConfig(GRPOConfig):
+class DrGRPOConfig(TokenLossConfig):
     """GRPO Done Right (Liu et al., 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783).
 
-    The other fields are GRPO's (`GRPOConfig`): `group_size`, `clip_low`,
-    `clip_high`, `kl_coef`, the rollout correction. `loss_agg` is not used: the
-    loss is Dr. GRPO's constant normalizer.
+    The other fields are GRPO's clipped token loss's (`TokenLossConfig`):
+    `group_size`, `clip_low`, `clip_high`, `kl_coef`, the rollout correction.
+    Dr. GRPO removes the std from the group advantage (its "question-level
+    difficulty bias"), A_i = r_i - mean(r): `normalize_std` is False (the key is
+    accepted at false, refused at true). `loss_agg` is not a key: the loss's
+    normalizer is `loss_constant`.
 
     Attributes:
-        normalize_std: Must stay False: Dr. GRPO removes the std from the group
-            advantage (its "question-level difficulty bias"), A_i = r_i - mean(r).
         loss_constant: The constant each sequence's summed token loss is divided
             by, instead of its own length (its "response-level length bias"): the
             loss is sum over policy tokens / (sequences * loss_constant), as TRL's
@@ -64,13 +56,16 @@ class DrGRPOConfig(GRPOConfig):
             scale near GRPO's.
     """
 
-    normalize_std: bool = False
     loss_constant: float = 512.0
+
+    normalize_std: ClassVar[bool] = False
+    fixed_keys: ClassVar[dict[str, str]] = {
+        "normalize_std": f"dr_grpo: {_NO_STD} (r - mean(r))",
+        "loss_agg": "dr_grpo's loss divides the token sum by sequences * loss_constant: set loss_constant",
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.normalize_std:
-            raise ConfigError("algorithm.normalize_std", "must be false for dr_grpo: its advantage is r - mean(r)")
         check_number("algorithm.loss_constant", self.loss_constant)
 
 
@@ -100,28 +95,25 @@ class RLOO(GRPO):
     """RLOO (Ahmadian et al., 2024): each sample's baseline is the mean reward of the others."""
 
     config_cls: ClassVar[type] = RLOOConfig
-    estimator_name: ClassVar[str | None] = "rloo"
+    estimator_name: ClassVar[str] = "rloo"
 
 
 class DrGRPO(GRPO):
     """Dr. GRPO (Liu et al., 2025): GRPO without the std in the advantage and without length normalization."""
 
     config_cls: ClassVar[type] = DrGRPOConfig
-    estimator_name: ClassVar[str | None] = "dr_grpo"
-
-    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, norm: LossNorm | None) -> torch.Tensor:
-        """The constant normalizer: the token sum over (sequences * `loss_constant`)."""
-        return constant_normalized_sum(per_token, mask, self.cfg.loss_constant, norm)
+    estimator_name: ClassVar[str] = "dr_grpo"
+    loss_name: ClassVar[str] = "dr_grpo"  # the constant normalizer
 
 
 class ReinforcePP(GRPO):
     """REINFORCE++ (Hu, 2025): outcome reward and per-token KL in the return, normalized over the global batch."""
 
     config_cls: ClassVar[type] = ReinforcePPConfig
-    estimator_name: ClassVar[str | None] = "reinforce_pp"
+    estimator_name: ClassVar[str] = "reinforce_pp"
 
 
 class ReinforcePPBaseline(ReinforcePP):
     """REINFORCE++-baseline: the group's mean reward subtracted before the KL and the global whitening."""
 
-    estimator_name: ClassVar[str | None] = "reinforce_pp_baseline"
+    estimator_name: ClassVar[str] = "reinforce_pp_baseline"

@@ -1,4 +1,4 @@
-"""ARPO as an algorithm plugin: the tree sampler, soft or hard advantages, GRPO's loss."""
+"""ARPO as an algorithm plugin: GRPO with the tree sampler and soft or hard advantages (its loss is GRPO's)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.arpo.metrics import tree_metrics
 from agentenv.algorithms.arpo.sampler import TreeSampler
 from agentenv.algorithms.arpo.tree import counted_once, shared_token_mean, tree_indices
-from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
-from agentenv.algorithms.core import Estimator, broadcast, get_estimator, group_scalars, policy_loss
+from agentenv.algorithms.base import Reduce, TrainBatch
+from agentenv.algorithms.core import Estimator, broadcast, estimator_for, group_scalars
+from agentenv.algorithms.grpo.algorithm import GRPO
 from agentenv.rollout.config import RolloutConfig
 from agentenv.types import Group, Trajectory
 
 
 def estimator_of(cfg: ARPOConfig) -> Estimator:
-    """`cfg.estimator`; `grpo` without `normalize_std` is Dr. GRPO's mean-centred advantage."""
-    return get_estimator("dr_grpo" if cfg.estimator == "grpo" and not cfg.normalize_std else cfg.estimator)
+    """`cfg.estimator` (`grpo` without `normalize_std`: `dr_grpo`)."""
+    return estimator_for(cfg.estimator, cfg)
 
 
 def arpo_advantages(group: Group, cfg: ARPOConfig) -> list[torch.Tensor]:
@@ -58,47 +59,35 @@ def count_shared_once(batch: TrainBatch, trajectories: Sequence[Trajectory], red
     return {"arpo/once_dropped": 1.0 - float(counts[1]) / float(counts[0]) if float(counts[0]) else 0.0}
 
 
-class ARPO(Algorithm):
-    """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849)."""
+class ARPO(GRPO):
+    """Agentic Reinforced Policy Optimization (Dong et al., 2025, arXiv 2507.19849): GRPO on entropy-guided trees.
+
+    What differs from GRPO: the sampler (`TreeSampler`), the estimator chosen by
+    `algorithm.estimator`, the `hard` advantages, and `hard_once`'s batch step
+    before the estimator's; the loss is GRPO's.
+    """
 
     config_cls: ClassVar[type] = ARPOConfig
     grows_trees: ClassVar[bool] = True  # branches share their parent's prefix: the update packs them
     cfg: ARPOConfig
 
-    def __init__(self, cfg: ARPOConfig | None = None):
-        super().__init__(cfg or ARPOConfig())
-
-    def group_size(self) -> int:
-        """M: every trajectory of a task's tree, branches included."""
-        return self.cfg.group_size
+    def estimator(self) -> Estimator:
+        return estimator_of(self.cfg)
 
     def sampler(self, rollout: RolloutConfig | None = None) -> TreeSampler:
         return TreeSampler(self.cfg, rollout)
-
-    def generated_tokens(self, group: Group) -> int:
-        """A tree's shared prefixes count once."""
-        return group_generated_tokens(group)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         return arpo_advantages(group, self.cfg)
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
-        """Batch-level steps (see `Algorithm`): for `hard_once`, each shared token counted once; then the
-        estimator's batch step, if it has one (REINFORCE++: KL in the return, global whitening)."""
+        """For `hard_once`, each shared token counted once; then GRPO's (the estimator's batch step)."""
         metrics: dict[str, float] = {}
         if self.cfg.advantage == "hard_once":  # first, so later batch-level steps see each token once
             metrics.update(count_shared_once(batch, trajectories, reduce))
-        step = estimator_of(self.cfg).batch_step
-        if step is not None:
-            metrics.update(step(batch, reduce, self.cfg))
+        metrics.update(super().finalize(batch, trajectories, reduce))
         return metrics
 
     def rollout_metrics(self, groups: Sequence[Group], reduce: Reduce) -> dict[str, float]:
         """The trees' `arpo/*` metrics: branches, branch points, ΔH, the budget (`arpo.metrics`)."""
         return tree_metrics(groups, self.cfg.branch_budget, reduce)
-
-    def loss(
-        self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        kl_coef = 0.0 if estimator_of(self.cfg).kl_in_return else None  # the KL is in the return already
-        return policy_loss(batch, new_logprobs, self.cfg, norm, kl_coef=kl_coef)

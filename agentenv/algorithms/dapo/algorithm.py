@@ -30,9 +30,7 @@ class DAPO(GRPO):
     """
 
     config_cls: ClassVar[type] = DAPOConfig
-
-    def __init__(self, cfg: DAPOConfig | None = None):
-        super().__init__(cfg or DAPOConfig())
+    cfg: DAPOConfig
 
     def shaped_rewards(self, group: Group) -> list[float]:
         """The rewards the advantage sees: with `overlong_penalty`, plus the soft overlong punishment."""

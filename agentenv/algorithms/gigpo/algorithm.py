@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from agentenv.algorithms.arpo.algorithm import ARPO, arpo_advantages, estimator_of
-from agentenv.algorithms.base import Algorithm, Reduce, TrainBatch
+from agentenv.algorithms.arpo.algorithm import ARPO
+from agentenv.algorithms.base import Reduce, TrainBatch
 from agentenv.algorithms.core import broadcast, valid_advantages
-from agentenv.algorithms.gigpo.config import GiGPOConfig, TreeGiGPOConfig
+from agentenv.algorithms.gigpo.config import GiGPOConfig, StepConfig, TreeGiGPOConfig
 from agentenv.algorithms.gigpo.steps import (
     anchor_group_advantages,
     discounted_returns,
@@ -69,7 +68,7 @@ def step_weighted_scalars(group: Group, scalars: Scalars) -> list[float]:
     return out
 
 
-def gigpo_advantages(group: Group, cfg: GiGPOConfig, episode: Sequence[torch.Tensor], scalars: Scalars) -> list[torch.Tensor]:
+def gigpo_advantages(group: Group, cfg: StepConfig, episode: Sequence[torch.Tensor], scalars: Scalars) -> list[torch.Tensor]:
     """A = A^E + ω·A^S per token (eq. 8): `episode`, (len,) per trajectory, plus each step's anchor-group advantage
     on its own tokens.
 
@@ -129,40 +128,35 @@ def step_metrics(trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str
     }
 
 
-class StepCredit(Algorithm):
-    """GiGPO's step level on top of an episode-level algorithm: `advantages` adds ω·A^S to its
-    `episode_advantages`, `finalize` adds the step metrics to its own."""
+class StepCredit(GRPO):
+    """GiGPO's step level on top of an episode-level member of GRPO's family: `advantages` adds ω·A^S
+    to the next class's advantages (A^E), `finalize` adds the step metrics to its own."""
 
-    cfg: GiGPOConfig
+    cfg: StepConfig
 
-    @abstractmethod
     def episode_advantages(self, group: Group) -> list[torch.Tensor]:
-        """A^E, (len,) per trajectory."""
-
-    @abstractmethod
-    def step_scalars(self) -> Scalars:
-        """The group estimator that normalizes the step returns inside an anchor group (eq. 7)."""
+        """A^E, (len,) per trajectory: the advantages of the algorithm this one adds a step level to."""
+        return super().advantages(group)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
-        return gigpo_advantages(group, self.cfg, self.episode_advantages(group), self.step_scalars())
+        # the estimator also normalizes the step returns inside an anchor group (eq. 7)
+        return gigpo_advantages(group, self.cfg, self.episode_advantages(group), self.estimator().scalars)
 
     def finalize(self, batch: TrainBatch, trajectories: Sequence[Trajectory], reduce: Reduce) -> dict[str, float]:
         return {**super().finalize(batch, trajectories, reduce), **step_metrics(trajectories, reduce)}
 
 
-class GiGPO(StepCredit, GRPO):
+class GiGPO(StepCredit):
     """GiGPO (Feng et al., 2025): GRPO's episode-level advantage plus ω times a step-level one from anchor-state groups."""
 
     config_cls: ClassVar[type] = GiGPOConfig
     cfg: GiGPOConfig
 
-    def step_scalars(self) -> Scalars:
-        return self.estimator().scalars  # GRPO's (r - mean) / (std + eps), or r - mean
-
     def episode_advantages(self, group: Group) -> list[torch.Tensor]:
         if self.cfg.episode_weighting == "step":
-            return [broadcast(t, a) for t, a in zip(group.trajectories, step_weighted_scalars(group, self.step_scalars()))]
-        return GRPO.advantages(self, group)
+            scalars = step_weighted_scalars(group, self.estimator().scalars)
+            return [broadcast(t, a) for t, a in zip(group.trajectories, scalars)]
+        return super().episode_advantages(group)
 
 
 class TreeGiGPO(StepCredit, ARPO):
@@ -170,12 +164,3 @@ class TreeGiGPO(StepCredit, ARPO):
 
     config_cls: ClassVar[type] = TreeGiGPOConfig
     cfg: TreeGiGPOConfig
-
-    def __init__(self, cfg: TreeGiGPOConfig | None = None):
-        super().__init__(cfg or TreeGiGPOConfig())  # ARPO's own default is ARPOConfig
-
-    def step_scalars(self) -> Scalars:
-        return estimator_of(self.cfg).scalars
-
-    def episode_advantages(self, group: Group) -> list[torch.Tensor]:
-        return arpo_advantages(group, self.cfg)

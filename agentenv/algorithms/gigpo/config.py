@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agentenv.algorithms.arpo.config import ARPOConfig
 from agentenv.algorithms.grpo.config import GRPOConfig
@@ -15,17 +15,10 @@ EpisodeWeighting = Literal["trajectory", "step"]
 
 
 @dataclass(frozen=True)
-class GiGPOConfig(GRPOConfig):
-    """Group-in-Group Policy Optimization (Feng et al., 2025, arXiv 2505.10978).
-
-    Symbols are the paper's. The other fields are GRPO's (`GRPOConfig`):
-    `group_size` (N, trajectories per task; the paper: 8), `clip_low`,
-    `clip_high`, `loss_agg`, `kl_coef`, the rollout correction.
+class StepConfig:
+    """GiGPO's step level (Feng et al., 2025, arXiv 2505.10978), on GRPO's groups or on ARPO's trees.
 
     Attributes:
-        normalize_std: F_norm of eqs. 3 and 7, at both levels: True divides by
-            the group's std (verl-agent's `mode: mean_std_norm`, its example
-            scripts' setting), False only subtracts the mean (`mean_norm`).
         gamma: γ, the discount of the step returns R_t = Σ_k γ^k r_(t+k) (eq. 5;
             the paper: 0.95). With agentenv's reward at the end only, R_t =
             γ^(T-1-t)·r: an early step that led to the answer counts less than
@@ -40,32 +33,23 @@ class GiGPOConfig(GRPOConfig):
             the prompt match with a `difflib` ratio >= `similarity_threshold`.
         similarity_threshold: The ratio for `anchors: similarity`, in (0, 1)
             (verl-agent's `similarity_thresh`: 0.95 in its code, 0.9 in its search script).
-        episode_weighting: Over what the episode-level mean and std (eq. 3) are
-            taken: `trajectory` (the paper's eq. 3 and GRPO's: one reward per
-            trajectory) or `step` (verl-agent's code, `compute_mean_std_cross_steps`:
-            each trajectory's reward once per step, so long trajectories weigh more).
     """
 
     gamma: float = 0.95
     step_advantage_weight: float = 1.0
     anchors: Anchors = "key"
     similarity_threshold: float = 0.95
-    episode_weighting: EpisodeWeighting = "trajectory"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_steps(self) -> None:
+        """The step fields' checks (called by the configs that mix them in, after their own base's)."""
         if not (math.isfinite(self.gamma) and 0.0 <= self.gamma <= 1.0):
             raise ConfigError("algorithm.gamma", f"must be a discount in [0, 1], got {self.gamma}")
         if not (math.isfinite(self.step_advantage_weight) and self.step_advantage_weight >= 0.0):
             raise ConfigError(
                 "algorithm.step_advantage_weight", f"must be a finite number >= 0, got {self.step_advantage_weight}"
             )
-        choices = {"anchors": ("key", "similarity"), "episode_weighting": ("trajectory", "step")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ConfigError(
-                    f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
-                )
+        if self.anchors not in ("key", "similarity"):
+            raise ConfigError("algorithm.anchors", f"must be one of 'key', 'similarity', got {self.anchors!r}")
         if not (0.0 < self.similarity_threshold < 1.0):
             raise ConfigError(
                 "algorithm.similarity_threshold", f"must be in (0, 1) (1 is anchors: key), got {self.similarity_threshold}"
@@ -73,20 +57,56 @@ class GiGPOConfig(GRPOConfig):
 
 
 @dataclass(frozen=True)
-class TreeGiGPOConfig(ARPOConfig, GiGPOConfig):
+class GiGPOConfig(StepConfig, GRPOConfig):
+    """Group-in-Group Policy Optimization (Feng et al., 2025, arXiv 2505.10978).
+
+    Symbols are the paper's. The step level's fields are `StepConfig`'s, the
+    others GRPO's (`GRPOConfig`): `group_size` (N, trajectories per task; the
+    paper: 8), `clip_low`, `clip_high`, `loss_agg`, `kl_coef`, the rollout correction.
+
+    Attributes:
+        normalize_std: F_norm of eqs. 3 and 7, at both levels: True divides by
+            the group's std (verl-agent's `mode: mean_std_norm`, its example
+            scripts' setting), False only subtracts the mean (`mean_norm`).
+        episode_weighting: Over what the episode-level mean and std (eq. 3) are
+            taken: `trajectory` (the paper's eq. 3 and GRPO's: one reward per
+            trajectory) or `step` (verl-agent's code, `compute_mean_std_cross_steps`:
+            each trajectory's reward once per step, so long trajectories weigh more).
+    """
+
+    episode_weighting: EpisodeWeighting = "trajectory"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_steps()
+        if self.episode_weighting not in ("trajectory", "step"):
+            raise ConfigError(
+                "algorithm.episode_weighting", f"must be one of 'trajectory', 'step', got {self.episode_weighting!r}"
+            )
+
+
+@dataclass(frozen=True)
+class TreeGiGPOConfig(StepConfig, ARPOConfig):
     """GiGPO's step-level advantage on ARPO's entropy-guided trees (`algorithm.name: arpo_gigpo`).
 
     The tree's fields are ARPO's (`ARPOConfig`: `group_size` M, `initial_rollouts`
     N, `forks_per_branch` Z, α, β, τ, ...), the step-level ones GiGPO's
-    (`gamma`, `step_advantage_weight`, `anchors`, `similarity_threshold`). The
+    (`StepConfig`: `gamma`, `step_advantage_weight`, `anchors`, `similarity_threshold`). The
     episode-level advantage is ARPO's (`advantage`: `soft` or `hard`, over the
-    tree's M trajectories, `estimator` `grpo` or `dr_grpo`). The branches of a
-    branch point start from one state, so they share an anchor group by
-    construction.
+    tree's M trajectories, `estimator` `grpo` or `dr_grpo`), so GiGPO's
+    `episode_weighting` is `trajectory` (accepted at that value, refused at
+    others). The branches of a branch point start from one state, so they
+    share an anchor group by construction.
     """
+
+    episode_weighting: ClassVar[str] = "trajectory"
+    fixed_keys: ClassVar[dict[str, str]] = {
+        "episode_weighting": "on a tree the episode advantage is ARPO's, one reward per trajectory"
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check_steps()
         if self.advantage == "hard_once":
             raise ConfigError(
                 "algorithm.advantage",
@@ -96,9 +116,4 @@ class TreeGiGPOConfig(ARPOConfig, GiGPOConfig):
         if self.estimator not in ("grpo", "dr_grpo"):
             raise ConfigError(
                 "algorithm.estimator", f"must be 'grpo' or 'dr_grpo' for arpo_gigpo, got {self.estimator!r}"
-            )
-        if self.episode_weighting != "trajectory":
-            raise ConfigError(
-                "algorithm.episode_weighting",
-                f"must be 'trajectory' on a tree (the episode advantage is ARPO's), got {self.episode_weighting!r}",
             )

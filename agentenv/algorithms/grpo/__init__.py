@@ -2,6 +2,15 @@
 
 from agentenv.algorithms.core import broadcast
 from agentenv.algorithms.grpo.algorithm import GRPO, IndependentSampler, trajectory_advantages
-from agentenv.algorithms.grpo.config import GRPOConfig
+from agentenv.algorithms.grpo.config import GroupConfig, GRPOConfig, MeanLossConfig, TokenLossConfig
 
-__all__ = ["GRPO", "GRPOConfig", "IndependentSampler", "broadcast", "trajectory_advantages"]
+__all__ = [
+    "GRPO",
+    "GRPOConfig",
+    "GroupConfig",
+    "IndependentSampler",
+    "MeanLossConfig",
+    "TokenLossConfig",
+    "broadcast",
+    "trajectory_advantages",
+]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, TrainBatch, group_generated_tokens
-from agentenv.algorithms.core import Estimator, aggregate, broadcast, get_estimator, group_scalars, policy_loss
+from agentenv.algorithms.base import Algorithm, LossNorm, Reduce, Sampler, TrainBatch
+from agentenv.algorithms.core import Estimator, broadcast, estimator_for, get_loss, group_scalars
 from agentenv.algorithms.grpo.config import GRPOConfig
 from agentenv.envs.episode import MakeEnv
 from agentenv.policies.base import Policy
@@ -42,38 +42,34 @@ class IndependentSampler:
 def trajectory_advantages(group: Group, normalize_std: bool = True) -> list[float]:
     """One scalar advantage per trajectory (GRPO's, or Dr. GRPO's without the std); failed ones get 0
     and do not move the group's statistics."""
-    return group_scalars(group, get_estimator("grpo" if normalize_std else "dr_grpo").scalars)
+    return group_scalars(group, estimator_for("grpo", GRPOConfig(normalize_std=normalize_std)).scalars)
 
 
 class GRPO(Algorithm):
-    """GRPO (Shao et al., 2024) with DAPO's clip-higher and token-mean options.
+    """GRPO (Shao et al., 2024) with DAPO's clip-higher and token-mean options, and the base of its family.
 
-    Presets that differ only in the advantage (RLOO, REINFORCE++; `agentenv.algorithms.presets`)
-    name their `estimator_name`, whose batch step, if any, runs in `finalize`;
-    one that differs in the loss's normalizer (Dr. GRPO) overrides `aggregate`.
+    A member names its advantage estimator and its policy loss, both registered
+    by name in `agentenv.algorithms.core`; `finalize` runs the estimator's batch
+    step, if any. A variant that differs only in those (RLOO, Dr. GRPO,
+    REINFORCE++, GSPO) is a config class and the two names
+    (`agentenv.algorithms.presets`); ARPO, DAPO and GiGPO override the hooks they change.
     """
 
     config_cls: ClassVar[type] = GRPOConfig
-    estimator_name: ClassVar[str | None] = None  # None: `grpo`, or `dr_grpo` without normalize_std
+    estimator_name: ClassVar[str] = "grpo"  # `grpo` without the config's normalize_std is `dr_grpo` (`estimator_for`)
+    loss_name: ClassVar[str] = "clipped"
 
-    def __init__(self, cfg: GRPOConfig | None = None):
+    def __init__(self, cfg: Any = None):
         super().__init__(cfg)
+        self.estimator()  # an unknown estimator or loss name fails here, not at the first step
+        get_loss(self.loss_name)
 
     def estimator(self) -> Estimator:
         """The trajectory-level advantage estimator (`agentenv.algorithms.core`)."""
-        if self.estimator_name is not None:
-            return get_estimator(self.estimator_name)
-        return get_estimator("grpo" if self.cfg.normalize_std else "dr_grpo")
+        return estimator_for(self.estimator_name, self.cfg)
 
-    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, norm: LossNorm | None) -> torch.Tensor:
-        """The loss's reduction of (B, T) per-token terms to a scalar: `core.aggregate` with `loss_agg`."""
-        return aggregate(per_token, mask, self.cfg.loss_agg, norm)
-
-    def sampler(self, rollout: RolloutConfig | None = None) -> IndependentSampler:
+    def sampler(self, rollout: RolloutConfig | None = None) -> Sampler:
         return IndependentSampler(self.cfg.group_size, rollout)
-
-    def generated_tokens(self, group: Group) -> int:
-        return group_generated_tokens(group)
 
     def advantages(self, group: Group) -> list[torch.Tensor]:
         scalars = group_scalars(group, self.estimator().scalars)
@@ -87,6 +83,5 @@ class GRPO(Algorithm):
     def loss(
         self, batch: TrainBatch, new_logprobs: torch.Tensor, norm: LossNorm | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        kl_coef = 0.0 if self.estimator().kl_in_return else None  # the KL is in the return already
-        return policy_loss(batch, new_logprobs, self.cfg, norm, kl_coef=kl_coef, agg=self.aggregate)
-
+        """The policy loss `loss_name` (with no KL term where the estimator put the KL in the return)."""
+        return get_loss(self.loss_name)(batch, new_logprobs, self.cfg, norm, kl_in_return=self.estimator().kl_in_return)

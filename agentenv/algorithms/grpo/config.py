@@ -1,4 +1,15 @@
-"""GRPO's validated config."""
+"""The GRPO family's validated configs, layered so that each algorithm's config has exactly the keys it reads.
+
+    GroupConfig             group_size, clip_low, clip_high            every member (GSPO: its sequence loss)
+    └─ TokenLossConfig      + kl_coef, rollout_correction*, off_policy  the clipped token loss (Dr. GRPO)
+       └─ MeanLossConfig    + loss_agg                                  ... with its mean chosen (RLOO)
+          └─ GRPOConfig     + normalize_std                             GRPO, and DAPO, ARPO, GiGPO, REINFORCE++
+
+A variant that fixes what the family lets others choose (RLOO's unscaled
+advantage, GSPO's lack of a KL term) declares the fixed value as a class
+attribute and the key in `fixed_keys`: a config that asks for that value is
+accepted as before, any other value is refused with the reason (`agentenv.loader.build_dataclass`).
+"""
 
 from __future__ import annotations
 
@@ -10,21 +21,35 @@ from agentenv.loader import check_number
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath).
+class GroupConfig:
+    """What every algorithm of the family sets: the group and the ratio's clip range.
 
     Attributes:
         group_size: G, trajectories sampled independently per task (the ARPO
             paper's "rollouts per task": 16).
-        normalize_std: Divide group-centred rewards by the group's std. False
-            gives Dr. GRPO's mean-centred advantage (Liu et al., 2025).
         clip_low: PPO ratio clip below 1 (ratio >= 1 - clip_low).
         clip_high: PPO ratio clip above 1 (ratio <= 1 + clip_high); a larger value
             than clip_low is DAPO's "clip-higher".
-        loss_agg: `token_mean` (every policy token weighs the same, DAPO) or
-            `seq_mean_token_mean` (each trajectory weighs the same, GRPO). Either
-            mean is over the whole mini-batch (`trainer.mini_batch_tasks`), across
-            its micro-batches and processes; failed trajectories count in neither.
+    """
+
+    group_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError("algorithm.group_size", f"must be >= 2 to compare trajectories, got {self.group_size}")
+        for key in ("clip_low", "clip_high"):
+            v = getattr(self, key)
+            if not (0.0 < v < 1.0 or (key == "clip_high" and 0.0 < v < 10.0)):
+                raise ConfigError(f"algorithm.{key}", f"must be a positive clip range, got {v}")
+
+
+@dataclass(frozen=True)
+class TokenLossConfig(GroupConfig):
+    """The clipped token loss's settings (`agentenv.algorithms.core.policy_loss`): the KL term and the off-policy corrections.
+
+    Attributes:
         kl_coef: Weight of the k3 KL penalty to the reference model; 0 turns it
             off and no reference model is loaded (the ARPO paper's setting).
         rollout_correction: Off-policy correction between the sampler's
@@ -50,11 +75,6 @@ class GRPOConfig:
             normalizer; AReaL's `behav_imp_weight_cap`); None: no cap.
     """
 
-    group_size: int = 8
-    normalize_std: bool = True
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     kl_coef: float = 0.0
     rollout_correction: Literal["none", "tis", "mis"] = "none"
     rollout_correction_level: Literal["token", "sequence"] = "token"
@@ -63,16 +83,7 @@ class GRPOConfig:
     behaviour_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError("algorithm.group_size", f"must be >= 2 to compare trajectories, got {self.group_size}")
-        for key in ("clip_low", "clip_high"):
-            v = getattr(self, key)
-            if not (0.0 < v < 1.0 or (key == "clip_high" and 0.0 < v < 10.0)):
-                raise ConfigError(f"algorithm.{key}", f"must be a positive clip range, got {v}")
-        if self.loss_agg not in ("token_mean", "seq_mean_token_mean"):
-            raise ConfigError(
-                "algorithm.loss_agg", f"must be 'token_mean' or 'seq_mean_token_mean', got {self.loss_agg!r}"
-            )
+        super().__post_init__()
         check_number("algorithm.kl_coef", self.kl_coef, low_ok=True)
         choices = {"rollout_correction": ("none", "tis", "mis"), "rollout_correction_level": ("token", "sequence")}
         for key, allowed in choices.items():
@@ -91,3 +102,39 @@ class GRPOConfig:
             )
         if self.behaviour_weight_cap is not None:
             check_number("algorithm.behaviour_weight_cap", self.behaviour_weight_cap, low=1.0)
+
+
+@dataclass(frozen=True)
+class MeanLossConfig(TokenLossConfig):
+    """The clipped token loss with its mean chosen.
+
+    Attributes:
+        loss_agg: `token_mean` (every policy token weighs the same, DAPO) or
+            `seq_mean_token_mean` (each trajectory weighs the same, GRPO). Either
+            mean is over the whole mini-batch (`trainer.mini_batch_tasks`), across
+            its micro-batches and processes; failed trajectories count in neither.
+    """
+
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_agg not in ("token_mean", "seq_mean_token_mean"):
+            raise ConfigError(
+                "algorithm.loss_agg", f"must be 'token_mean' or 'seq_mean_token_mean', got {self.loss_agg!r}"
+            )
+
+
+@dataclass(frozen=True)
+class GRPOConfig(MeanLossConfig):
+    """Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath).
+
+    The group, clip, KL, correction and mean fields: `GroupConfig`,
+    `TokenLossConfig`, `MeanLossConfig`.
+
+    Attributes:
+        normalize_std: Divide group-centred rewards by the group's std. False
+            gives Dr. GRPO's mean-centred advantage (Liu et al., 2025).
+    """
+
+    normalize_std: bool = True

@@ -5,9 +5,11 @@ Shapes: B trajectories in a micro-batch, T predicted tokens per trajectory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from agentenv.algorithms.base import LossNorm
+from agentenv.algorithms.base import LossNorm, TrainBatch
 
 
 def sequence_log_ratio(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,3 +52,23 @@ def gspo_loss(
 def sequence_mean(per_seq: torch.Tensor, norm: LossNorm) -> torch.Tensor:
     """sum of per-sequence losses / the mini-batch's sequences (over micro-batches and processes)."""
     return per_seq.sum() / norm.sequence_denominator
+
+
+def gspo_policy_loss(
+    batch: TrainBatch, new_logprobs: torch.Tensor, cfg: Any, norm: LossNorm | None, *, kl_in_return: bool
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`gspo` (`agentenv.algorithms.core.PolicyLoss`): `gspo_loss` clipped by `cfg.clip_low` / `cfg.clip_high`, its
+    mean over the mini-batch's sequences; metrics per sequence. GSPO has no KL term."""
+    mask = batch.loss_mask  # (B, T)
+    norm = norm or LossNorm.of(mask)
+    per_seq, clipped, ratio = gspo_loss(new_logprobs, batch.old_logprobs, batch.advantages, mask, cfg.clip_low, cfg.clip_high)
+    loss = sequence_mean(per_seq, norm)
+    rows = mask.sum(dim=1) > 0  # (B,)
+    n = max(int(rows.sum()), 1)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": float(clipped.sum()) / n,  # of sequences
+            "ratio_mean": float((ratio * rows).sum()) / n,
+            "pg_loss": float(per_seq.sum()) / n,  # this micro-batch's mean
+        }
+    return loss, metrics
