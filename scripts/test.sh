@@ -3,6 +3,7 @@
 # pytest's exit 5 (no tests collected) counts as a failure.
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh -m "not slow"   # the fast tier
+#   bash scripts/test.sh -n 2 --dist loadfile   # two pytest-xdist workers, a module per worker (being measured)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,6 +29,10 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "chromium could not be installed: apt-get install chromium" >&2; exit 1; }
 fi
 
+# Two workers (`-n 2 --dist loadfile`, pytest-xdist) overlap one module's waits (engine, container and cluster
+# starts, servers, subprocesses) with another's work; loadfile keeps a module on one worker, so its one engine or
+# Ray cluster starts once, and tests/conftest.py hands out the modules with slow tests first. Not the default until
+# a quiet run shows it pays and passes.
 $PY -m pytest -q -p no:randomly "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

@@ -20,6 +20,17 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under CI=true, where only GPU tests may skip: {reason}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`scripts/test.sh -n 2 --dist loadfile`: a module stays on one worker, so its one
+    engine or cluster starts once), the modules with slow tests are handed out first: the long ones start early
+    and the short ones fill the gaps, instead of one worker ending on a long module while the other waits.
+    Within a module the order is kept. A serial run keeps the collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # set in each xdist worker, which collects what it runs
+        return
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable: files and tests keep their order
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """Path of the embedded tiny model (built on first use, then cached)."""

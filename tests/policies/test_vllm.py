@@ -255,6 +255,22 @@ def test_greedy_tokens_and_length_finish_match_hf(policy, hf_policy):
     assert any(g.finish_reason == "length" and len(g.token_ids) == 12 for g in ours)
 
 
+def test_the_tiny_model_as_built_answers_a_chat_prompt_as_transformers_scores_it(policy, tiny_model_path):
+    """vLLM loads and serves the tiny model's folder as built (the module's engine serves a copy of it, the same
+    weights): greedy tokens after a chat prompt, scored by transformers on the built folder, within 1e-3.
+    (Before, tests/toy/test_tiny_vllm.py asked this of an engine of its own: a second engine start.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 * 34?"}], add_generation_prompt=True, tokenize=False)
+    ids = tok.encode(text, add_special_tokens=False)
+    g = policy.generate_sync(ids, SamplingParams(max_tokens=24, temperature=0.0))
+    assert g.token_ids
+    lp, _ = _score(model, ids, g.token_ids, 0.0)
+    np.testing.assert_allclose(g.logprobs, lp, atol=TOL)
+
+
 def test_stop_string_keeps_its_tokens_like_hf(policy, hf_policy, served):
     prompt, first7, stop = served["stop"]  # token 7 completes `stop`, which starts in token 5
     ref = policy.generate_sync(prompt, SamplingParams(max_tokens=12, temperature=0.0))

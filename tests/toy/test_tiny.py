@@ -325,7 +325,6 @@ def test_tiny_model_loads_with_auto_classes(tiny_model_path):
     assert load_tiny_tokenizer().get_vocab() == tok.get_vocab()
 
 
-@pytest.mark.slow
 def test_build_info_reports_partial_heldout_scores(tiny_model_path):
     info = json.loads((tiny_model_path / "build_info.json").read_text())
     assert info["params"] > 1e6 and info["build_seconds"] > 0
@@ -349,7 +348,6 @@ def test_build_info_reports_partial_heldout_scores(tiny_model_path):
     assert info["traces"]["estimates"] > 0 and calls["sampled"] < calls["greedy"], (info["traces"], calls)
 
 
-@pytest.mark.slow
 def test_every_kind_is_partially_solved_greedy_and_sometimes_sampled(tiny_model_path):
     """Every kind is solved in part greedy, and sampled at the toy runs' temperature some of
     the time: RL's groups find a reward on every kind, with room to improve."""

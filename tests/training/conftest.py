@@ -12,7 +12,7 @@ import pytest
 from agentenv.configs import RunConfig, config_from_dict
 
 FAST = [
-    "policy.backend=hf",  # the toy configs default to vllm; tests/training/test_vllm_backend.py covers it
+    "policy.backend=hf",  # the toy configs default to vllm; tests/training/test_first_run.py runs them on it
     "env.tools=[search]",
     "env.tasks.kinds=[twohop]",
     "env.max_context_tokens=768",
