@@ -14,6 +14,9 @@ from agentenv.policies.vllm import VLLMPolicyConfig, exact_entropy, topk_entropy
 def test_config_defaults_and_validation_name_key_and_value():
     cfg = VLLMPolicyConfig(model="m")
     assert cfg.enable_prefix_caching and cfg.entropy_mode == "exact" and cfg.entropy_topk == 20
+    assert cfg.weight_push == "resume"
+    with pytest.raises(ConfigError, match=r"policy.weight_push.*'abort'"):
+        VLLMPolicyConfig(model="m", weight_push="abort")
     with pytest.raises(ConfigError, match=r"policy.entropy_topk.*0"):
         VLLMPolicyConfig(model="m", entropy_topk=0)
     with pytest.raises(ConfigError, match=r"policy.entropy_mode.*'none'"):

@@ -41,7 +41,13 @@ Mechanics vLLM does not do by itself, done here:
 - `finish_reason`: "stop" for our stop strings; vLLM's "stop" without one is
   an EOS (the tokenizer's or a generation_config EOS id), its "length" ours;
 - `load_weights`: staged into the worker processes through `collective_rpc`
-  (see `_vllm_worker.py`), reloaded in place, then the prefix cache is reset.
+  (see `_vllm_worker.py`), reloaded in place, then the prefix cache is reset;
+- weight pushes during generation (`weight_push`): vLLM's pause aborts the
+  running requests and each goes on from its prompt plus the tokens it had,
+  as a new request under the new weights (a partial rollout, as in `hf`); or
+  the running requests finish on the old weights first (`wait`). Either way a
+  request is added to the engine only while no push is under way, so every
+  engine request is sampled by one version, which its tokens carry.
 """
 
 from __future__ import annotations

@@ -51,6 +51,13 @@ class VLLMPolicyConfig:
         enforce_eager: No CUDA graphs / torch.compile (starts faster).
         weight_chunk_mb: `load_weights` sends the weights in chunks of about
             this many MiB.
+        weight_push: What a weight push does to the requests running at that
+            moment. `resume`: they are aborted and each goes on from the tokens
+            it had under the new weights (its prefix re-prefilled, so its
+            tokens keep the version that sampled them and the new ones get the
+            new version), so a push never waits for a long turn to end. `wait`:
+            they finish on the old weights first (one version per request;
+            new requests wait meanwhile).
         stop_check_interval: With stop strings, the engine reports new tokens
             every this many steps and the policy checks them; after a stop
             string the engine may have run up to this many - 1 extra tokens
@@ -74,6 +81,7 @@ class VLLMPolicyConfig:
     enforce_eager: bool = False
     weight_chunk_mb: int = 256
     stop_check_interval: int = 1
+    weight_push: Literal["resume", "wait"] = "resume"
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +107,8 @@ class VLLMPolicyConfig:
         _positive_int("policy.entropy_topk", self.entropy_topk)
         _positive_int("policy.weight_chunk_mb", self.weight_chunk_mb)
         _positive_int("policy.stop_check_interval", self.stop_check_interval)
+        if self.weight_push not in ("resume", "wait"):
+            raise ConfigError("policy.weight_push", f"must be resume or wait, got {self.weight_push!r}")
         owned = sorted(set(self.engine_kwargs) & set(_OWNED_ENGINE_KEYS))
         if owned:
             raise ConfigError(

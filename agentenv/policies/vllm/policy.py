@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping
@@ -27,6 +26,7 @@ class _Counters:
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     weight_updates: int = 0
+    resumed_requests: int = 0  # requests a push aborted, gone on under the new weights
 
 
 
@@ -50,6 +50,12 @@ class VLLMPolicy:
         self._counters = _Counters()
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
+        # The push's handshake with `_request` (both on the engine loop): no add while a push is under way.
+        self._open = asyncio.Event()  # set: no push under way
+        self._open.set()
+        self._adding = 0  # requests being added to the engine right now
+        self._added = asyncio.Event()  # set when `_adding` drops to 0
+        self._pushes = 0  # pushes begun
         self._loop = LoopThread("agentenv-vllm")
         # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
@@ -140,17 +146,22 @@ class VLLMPolicy:
             )
         return mode
 
-    def _vllm_params(self, params: SamplingParams, mode: CallEntropyMode) -> Any:
+    def _vllm_params(self, params: SamplingParams, mode: CallEntropyMode, done: int = 0) -> Any:
+        """vLLM's sampling parameters; `done` > 0: for the rest of a request a push aborted after `done` tokens
+        (its budget left, and a seed of its own: the first one would replay the draws of its start)."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        seed = params.seed
+        if done and seed is not None:
+            seed = hash((seed, done)) & (2**63 - 1)  # a tuple of ints hashes the same in every process
         return VSamplingParams(
             n=1,
-            max_tokens=params.max_tokens,
+            max_tokens=params.max_tokens - done,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,  # vLLM: 0 disables
-            seed=params.seed,
+            seed=seed,
             # Stop strings are matched here, not by vLLM: its detokenizer would also decode
             # every returned logprob token one by one (21 per token at k=20, the whole
             # vocabulary in full mode), which halves throughput (full: /25).
@@ -164,67 +175,100 @@ class VLLMPolicy:
         )
 
     async def _agenerate(self, prompt_ids: list[int], params: SamplingParams, mode: CallEntropyMode) -> Generation:
-        """Runs on the engine loop."""
-        from vllm.inputs import tokens_input
-
+        """Runs on the engine loop. A request that a push aborts goes on from its tokens (`_request`)."""
         token_ids: list[int] = []
         logprobs: list[float] = []
         entropies: list[float] = []
+        versions: list[int] = []
         stop_string: str | None = None
         last = None  # the last CompletionOutput seen
-        version: int | None = None  # read at the first output: a push waits for running requests to finish
-        num_cached = 0
         last_chars = _filterable_last_chars(params.stop)
-        request = self._engine.generate(tokens_input(prompt_ids), self._vllm_params(params, mode), uuid.uuid4().hex)
-        # aclosing: leaving early (a stop string) closes the stream, which aborts the request in the engine.
-        async with contextlib.aclosing(request) as stream:
-            async for out in stream:
-                if version is None:
-                    version = self.weight_version
-                num_cached = out.num_cached_tokens or num_cached
-                last = out.outputs[0]
-                new = list(last.token_ids)
-                lps, ents = _token_logprobs_and_entropies(last.logprobs, len(new), mode, self.vocab_size)
-                if not params.stop:
-                    token_ids += new
-                    logprobs += lps
-                    entropies += ents
-                    continue
-                for j, tok in enumerate(new):
-                    token_ids.append(tok)
-                    logprobs.append(lps[j])
-                    entropies.append(ents[j])
-                    ends_on_eos = last.finish_reason == "stop" and j == len(new) - 1
-                    # An EOS token ends the turn as EOS (as in hf); a token without any stop
-                    # string's last character cannot complete one (skips the window decode).
-                    if not ends_on_eos and (last_chars is None or self._has_any_char(tok, last_chars)):
-                        stop_string = self._find_stop(token_ids, params.stop)
-                        if stop_string is not None:
-                            break
-                if stop_string is not None:
-                    break
-        if last is None:
-            raise InfraError("vLLM returned no output for a request")
-
-        reason: FinishReason
-        if stop_string is not None:
-            reason = "stop"
-        elif last.finish_reason == "length":
-            reason = "length"
-        elif last.finish_reason == "stop":  # EOS (stop_reason None) or a generation_config EOS id (an int)
-            reason = "eos"
-            if not params.include_eos:
-                token_ids, logprobs, entropies = token_ids[:-1], logprobs[:-1], entropies[:-1]
-        else:
-            raise InfraError(f"vLLM ended a request with finish_reason={last.finish_reason!r}")
-
         c = self._counters
+        while True:
+            left = params.max_tokens - len(token_ids)
+            context = prompt_ids + token_ids
+            if token_ids and (left <= 0 or len(context) >= self.max_model_len):
+                reason: FinishReason = "length"  # a push aborted it as it reached its limit
+                break
+            version, pushes, queue = await self._request(context, self._vllm_params(params, mode, done=len(token_ids)))
+            c.prompt_tokens += len(context)
+            num_cached = 0
+            finished = False
+            try:
+                while not finished:
+                    out = queue.get_nowait() or await queue.get()
+                    finished = out.finished
+                    num_cached = out.num_cached_tokens or num_cached
+                    last = out.outputs[0]
+                    new = list(last.token_ids)
+                    lps, ents = _token_logprobs_and_entropies(last.logprobs, len(new), mode, self.vocab_size)
+                    if not params.stop:
+                        token_ids += new
+                        logprobs += lps
+                        entropies += ents
+                        versions += [version] * len(new)
+                        continue
+                    for j, tok in enumerate(new):
+                        token_ids.append(tok)
+                        logprobs.append(lps[j])
+                        entropies.append(ents[j])
+                        versions.append(version)
+                        ends_on_eos = last.finish_reason == "stop" and j == len(new) - 1
+                        # An EOS token ends the turn as EOS (as in hf); a token without any stop
+                        # string's last character cannot complete one (skips the window decode).
+                        if not ends_on_eos and (last_chars is None or self._has_any_char(tok, last_chars)):
+                            stop_string = self._find_stop(token_ids, params.stop)
+                            if stop_string is not None:
+                                break
+                    if stop_string is not None:
+                        break
+            finally:
+                if not finished:  # a stop string, or the caller went away: the engine stops it
+                    await self._engine.abort(queue.request_id, internal=True)
+            c.cached_prompt_tokens += num_cached
+            if stop_string is None and last is not None and last.finish_reason == "abort" and pushes != self._pushes:
+                c.resumed_requests += 1  # aborted by a weight push: go on under the new weights
+                continue
+            if last is None:
+                raise InfraError("vLLM returned no output for a request")
+            if stop_string is not None:
+                reason = "stop"
+            elif last.finish_reason == "length":
+                reason = "length"
+            elif last.finish_reason == "stop":  # EOS (stop_reason None) or a generation_config EOS id (an int)
+                reason = "eos"
+                if not params.include_eos:
+                    del token_ids[-1], logprobs[-1], entropies[-1], versions[-1]
+            else:
+                raise InfraError(f"vLLM ended a request with finish_reason={last.finish_reason!r}")
+            break
+
         c.requests += 1
-        c.prompt_tokens += len(prompt_ids)
-        c.cached_prompt_tokens += num_cached
         c.generated_tokens += len(token_ids)
-        versions = [self.weight_version if version is None else version] * len(token_ids)
         return Generation(token_ids, logprobs, entropies, reason, stop_string=stop_string, versions=versions)
+
+    async def _request(self, prompt_ids: list[int], vparams: Any) -> tuple[int, int, Any]:
+        """Add a request to the engine once no push is under way.
+
+        Returns (the weight version that samples it, the pushes begun so far,
+        its output queue). A push waits for every add under way to reach the
+        engine before it pauses it (`_pause`), so the engine holds this request
+        before the pause (a push then finishes or aborts it) or only after the
+        resume: either way one version samples all its tokens.
+        """
+        from vllm.inputs import tokens_input
+
+        while not self._open.is_set():
+            await self._open.wait()
+        version, pushes = self.weight_version, self._pushes
+        self._adding += 1
+        try:
+            queue = await self._engine.add_request(uuid.uuid4().hex, tokens_input(prompt_ids), vparams)
+        finally:
+            self._adding -= 1
+            if not self._adding:
+                self._added.set()
+        return version, pushes, queue
 
     def _has_any_char(self, token_id: int, chars: frozenset[str]) -> bool:
         text = self._piece_cache.get(token_id)
@@ -250,8 +294,10 @@ class VLLMPolicy:
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
         """Put the trainer's weights (names as in `state_dict()`) into the running engine.
 
-        Running requests finish first on the old weights (new ones wait), so
-        every sequence comes from one set of weights. The tensors go to the
+        Running requests are aborted and go on from their tokens under the new
+        weights (`weight_push: resume`; a turn's tokens then carry two
+        versions, in order), or finish first on the old weights (`wait`). New
+        requests wait for the push either way. The tensors go to the
         workers in chunks, are loaded in place (no restart), and then the
         prefix cache is reset: cached KV computed by the old weights is stale.
         Prefixes added by wrappers (`module.`, `_orig_mod.`) are stripped.
@@ -286,22 +332,42 @@ class VLLMPolicy:
         self._update(lambda: self._loop.run(self._engine.collective_rpc("agentenv_nccl_receive")))
 
     def _update(self, transfer: Any) -> None:
-        """Pause (running requests finish on the old weights), transfer and load, reset the prefix cache, resume."""
+        """Pause (`_pause`), transfer and load, reset the prefix cache, bump the version, resume."""
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
         engine = self._engine
-        self._loop.run(engine.pause_generation(mode="wait", clear_cache=True))
+        self._loop.run(self._pause())
         try:
             transfer()
             if not self._loop.run(engine.reset_prefix_cache()):
                 raise InfraError("vLLM refused to reset its prefix cache after a weight update")
-            self.weight_version += 1  # before the resume: a request's first output tells its version
+            self.weight_version += 1  # before the resume: a request reads its version when it is added
         except BaseException:
             self._loop.run(engine.collective_rpc("agentenv_drop_staged_weights"))
             raise
         finally:
-            self._loop.run(engine.resume_generation())
+            self._loop.run(self._resume())
         self._counters.weight_updates += 1
+
+    async def _pause(self) -> None:
+        """Stop new requests, let the adds under way reach the engine, then pause it.
+
+        `weight_push: resume` pauses with vLLM's `abort`: every running request
+        ends at once with the tokens it has (`_agenerate` goes on from them
+        after the resume). `wait`: running requests finish on the old weights.
+        Either way the caches are cleared: the KV the old weights computed is stale.
+        """
+        self._pushes += 1
+        self._open.clear()
+        while self._adding:
+            self._added.clear()
+            await self._added.wait()
+        mode = "abort" if self.config.weight_push == "resume" else "wait"
+        await self._engine.pause_generation(mode=mode, clear_cache=True)
+
+    async def _resume(self) -> None:
+        await self._engine.resume_generation()
+        self._open.set()
 
     # ------------------------------------------------------------------ metrics and lifetime
 
@@ -310,7 +376,9 @@ class VLLMPolicy:
 
         `prefix_cache_hit_rate` is the share of prompt tokens whose KV came from
         the prefix cache (vLLM's per-request `num_cached_tokens`), over finished
-        requests; `unfinished_requests` is what the engine holds right now.
+        requests; `unfinished_requests` is what the engine holds right now;
+        `resumed_requests` counts requests a weight push aborted that went on
+        under the new weights.
         """
         c = self._counters
         return {
@@ -320,6 +388,7 @@ class VLLMPolicy:
             "cached_prompt_tokens": float(c.cached_prompt_tokens),
             "generated_tokens": float(c.generated_tokens),
             "weight_updates": float(c.weight_updates),
+            "resumed_requests": float(c.resumed_requests),
             "unfinished_requests": float(self._engine.get_num_unfinished_requests()) if not self._closed else 0.0,
         }
 
