@@ -30,7 +30,7 @@ from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv
 from agentenv.errors import InfraError
 from agentenv.policies.base import Policy
 from agentenv.policies.routing import ROUTE_KEY
-from agentenv.rollout.config import MIN_EPISODE_TIMEOUT_S, RolloutConfig  # noqa: F401  (re-exported: RolloutConfig's home was here)
+from agentenv.rollout.config import RolloutConfig
 from agentenv.tasks.rewards import RewardError, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory

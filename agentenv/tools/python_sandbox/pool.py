@@ -222,12 +222,6 @@ def _owner_alive(owner: str) -> bool:
     return _start_time(int(pid)) == start
 
 
-def _retrieve(fut: concurrent.futures.Future) -> None:
-    """Reads a future's exception nobody awaits any more (so it is not logged as lost)."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 class _Family:
     """A session and the sessions forked from it: one uid inside, one slot of a container."""
 
