@@ -333,7 +333,7 @@ class AgentEnv(gymnasium.Env):
         info["result_truncated"] = shown.cut
         if self.remaining_tokens <= 0:
             return await self._finish("context", truncated=True, obs=obs, info=info)
-        return as_token_array(obs), 0.0, False, False, info
+        return StepResult(as_token_array(obs), 0.0, False, False, info)
 
     async def _answer_call(self, parsed: ParsedTurn, info: dict[str, Any]) -> str | None:
         """The text the model reads for a call or malformed call; None ends the episode."""
@@ -393,7 +393,7 @@ class AgentEnv(gymnasium.Env):
             reward=dict(self._reward_info),
             tool_calls=dict(self._tool_calls),
         )
-        return as_token_array(obs or []), self._reward, terminated, truncated, out
+        return StepResult(as_token_array(obs or []), self._reward, terminated, truncated, out)
 
     async def _score(self) -> None:
         """The episode's reward, through the gate (`agentenv.tasks.rewards.RewardGate`).
