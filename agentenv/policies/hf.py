@@ -36,6 +36,7 @@ from typing import Any, cast
 import torch
 
 from agentenv._loops import refuse_inside_loop
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_tokenizer
 from agentenv.policies.config import HFPolicyConfig
 from agentenv.policies.distribution import logprobs_and_entropy
 from agentenv.types import Generation, SamplingParams
@@ -52,15 +53,13 @@ def _device(config: HFPolicyConfig) -> torch.device:
 
 
 @dataclass
-class HFPolicyStats:
+class HFPolicyStats(BackendStats):
     """Counters of the batching engine (tests and benchmarks read them)."""
 
     prefill_calls: int = 0
     decode_calls: int = 0
     rows_prefilled: int = 0
-    generated_tokens: int = 0
     max_rows: int = 0
-    finished: int = 0
     rows_recomputed: int = 0
     """Rows whose cache a weight push made stale, prefilled again under the new weights."""
 
@@ -163,7 +162,7 @@ class _Request:
 # --------------------------------------------------------------------------- the policy
 
 
-class HFPolicy:
+class HFPolicy(PolicyBackend):
     """A transformers causal LM as a `Policy`.
 
     Args:
@@ -176,11 +175,7 @@ class HFPolicy:
         self.config = config
         self.weight_version = 0
         self.device = _device(config)
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, config.tokenizer)
         if model is None:
             from transformers import AutoModelForCausalLM
 
@@ -191,7 +186,7 @@ class HFPolicy:
         mcfg = self.model.config
         self.max_model_len = config.max_model_len or getattr(mcfg, "max_position_embeddings", None) or 2048
         self.eos_token_ids = self._eos_ids()
-        self.stats = HFPolicyStats()
+        self.stats: HFPolicyStats = HFPolicyStats()
         self._seed_rng = random.Random(config.seed)
         self._lock = threading.Lock()  # one forward or weight load at a time
         self._waiting: deque[_Request] = deque()
@@ -219,14 +214,7 @@ class HFPolicy:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Sample one continuation of `prompt_ids`; batched with concurrent calls."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("generate() needs a non-empty prompt")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
-                "(the env's context budget should end the episode before this)"
-            )
+        prompt_ids = self._check_prompt(prompt_ids)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(2**63)
         loop = asyncio.get_running_loop()
         req = _Request(prompt_ids, params, loop.create_future(), torch.Generator().manual_seed(seed))
@@ -453,7 +441,7 @@ class HFPolicy:
                 keep.append(i)
         b.pending = tokens
         if done:
-            self.stats.finished += len(done)
+            self.stats.requests += len(done)
             self._select(keep)
         return done
 
@@ -482,15 +470,3 @@ class HFPolicy:
             r.result = Generation(r.token_ids, r.logprobs, r.entropies, "length", versions=r.versions)
             return True
         return False
-
-    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
-        """The stop string completed by the last token, if any.
-
-        Decodes only a tail window long enough for the longest stop string (a
-        character is at most 4 byte-level tokens). Checked after every token,
-        so a stop string first appears in the window when its last token lands.
-        """
-        window = 4 * max(len(s) for s in stops) + 4
-        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
-        found = [(text.find(s), s) for s in stops if s in text]
-        return min(found)[1] if found else None

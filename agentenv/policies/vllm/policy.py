@@ -14,6 +14,7 @@ from typing import Any, cast
 from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
 from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
@@ -21,16 +22,14 @@ from agentenv.types import FinishReason, Generation, SamplingParams
 
 
 @dataclass
-class _Counters:
-    requests: int = 0
+class _Counters(BackendStats):
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
     weight_updates: int = 0
 
 
 
-class VLLMPolicy:
+class VLLMPolicy(PolicyBackend):
     """A vLLM engine as a `Policy`.
 
     Args:
@@ -42,12 +41,8 @@ class VLLMPolicy:
         _import_vllm()
         self.config = config
         self.weight_version = 0
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        self.tokenizer = tokenizer
-        self._counters = _Counters()
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, config.tokenizer)
+        self.stats: _Counters = _Counters()
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
         self._loop = LoopThread("agentenv-vllm")
@@ -119,15 +114,7 @@ class VLLMPolicy:
     def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("generate() needs a non-empty prompt")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
-                "(the env's context budget should end the episode before this)"
-            )
-        return prompt_ids
+        return super()._check_prompt(prompt_ids)
 
     def _check_mode(self, mode: CallEntropyMode | None) -> CallEntropyMode:
         mode = mode or self.config.entropy_mode
@@ -218,7 +205,7 @@ class VLLMPolicy:
         else:
             raise InfraError(f"vLLM ended a request with finish_reason={last.finish_reason!r}")
 
-        c = self._counters
+        c = self.stats
         c.requests += 1
         c.prompt_tokens += len(prompt_ids)
         c.cached_prompt_tokens += num_cached
@@ -231,19 +218,6 @@ class VLLMPolicy:
         if text is None:
             text = self._piece_cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return any(c in text for c in chars)
-
-    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
-        """The stop string that the last token completed, if any.
-
-        Called after every token, so a stop string first shows up in the tail
-        window when its last token lands. The window covers the longest stop
-        string (a character is at most 4 byte-level tokens). Several at once:
-        the one that starts first wins (as in hf).
-        """
-        window = 4 * max(len(s) for s in stops) + 4
-        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
-        found = [(text.find(s), s) for s in stops if s in text]
-        return min(found)[1] if found else None
 
     # ------------------------------------------------------------------ weights
 
@@ -301,7 +275,7 @@ class VLLMPolicy:
             raise
         finally:
             self._loop.run(engine.resume_generation())
-        self._counters.weight_updates += 1
+        self.stats.weight_updates += 1
 
     # ------------------------------------------------------------------ metrics and lifetime
 
@@ -312,19 +286,15 @@ class VLLMPolicy:
         the prefix cache (vLLM's per-request `num_cached_tokens`), over finished
         requests; `unfinished_requests` is what the engine holds right now.
         """
-        c = self._counters
+        c = self.stats
         return {
+            **super().metrics(),
             "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "requests": float(c.requests),
-            "prompt_tokens": float(c.prompt_tokens),
-            "cached_prompt_tokens": float(c.cached_prompt_tokens),
-            "generated_tokens": float(c.generated_tokens),
-            "weight_updates": float(c.weight_updates),
             "unfinished_requests": float(self._engine.get_num_unfinished_requests()) if not self._closed else 0.0,
         }
 
     def reset_metrics(self) -> None:
-        self._counters = _Counters(weight_updates=self._counters.weight_updates)
+        self.stats = _Counters(weight_updates=self.stats.weight_updates)
 
     def close(self) -> None:
         """Shut the engine's processes down. Idempotent."""
@@ -342,12 +312,6 @@ class VLLMPolicy:
             self._reaper.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
-
-    def __enter__(self) -> VLLMPolicy:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _filterable_last_chars(stops: tuple[str, ...]) -> frozenset[str] | None:
