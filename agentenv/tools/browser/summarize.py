@@ -8,15 +8,17 @@ an infrastructure fault (`ToolError`), not the agent's.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agentenv.errors import ToolError
+from agentenv.tools.sessions import LoopSessions
 from agentenv.types import SamplingParams, Tokenizer
 
 if TYPE_CHECKING:  # tools import no policy at run time (tests/test_layering.py)
+    import aiohttp
+
     from agentenv.policies.base import Policy
 
 SYSTEM_PROMPT = "You read web pages for a research assistant and report only what the page says."
@@ -158,18 +160,12 @@ class EndpointSummarizer:
         self.input_chars = input_chars
         self.temperature = temperature
         self.timeout_s = timeout_s
-        self._sessions: dict[int, Any] = {}
+        self.sessions = LoopSessions(self._new_session)
 
-    def _session(self):
+    def _new_session(self) -> aiohttp.ClientSession:
         import aiohttp
 
-        loop = asyncio.get_running_loop()
-        entry = self._sessions.get(id(loop))
-        if entry is None or entry[0] is not loop or entry[1].closed:
-            self._sessions = {k: v for k, v in self._sessions.items() if not v[0].is_closed()}
-            entry = (loop, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)))
-            self._sessions[id(loop)] = entry
-        return entry[1]
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
     async def summarize(self, goal: str, title: str, url: str, passage: str) -> str:
         import aiohttp
@@ -188,7 +184,7 @@ class EndpointSummarizer:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         try:
-            async with self._session().post(self.url, json=body, headers=headers) as resp:
+            async with self.sessions.get().post(self.url, json=body, headers=headers) as resp:
                 if resp.status != 200:
                     detail = (await resp.text())[:200]
                     raise ToolError(
@@ -205,8 +201,4 @@ class EndpointSummarizer:
         return clean_summary(content)
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        for lp, session in list(self._sessions.values()):
-            if lp is loop and not session.closed:
-                await session.close()
-        self._sessions.clear()
+        await self.sessions.aclose()
