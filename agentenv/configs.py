@@ -195,8 +195,6 @@ class TrainerConfig:
                 f"{self.mini_batch_tasks} must divide trainer.tasks_per_step {self.tasks_per_step}",
             )
         check_number("trainer.lr", self.lr)
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError("trainer.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         check_number("trainer.min_lr_ratio", self.min_lr_ratio, low_ok=True)
         if self.min_lr_ratio > 1:
             raise ConfigError("trainer.min_lr_ratio", f"must be in [0, 1] (a fraction of trainer.lr), got {self.min_lr_ratio}")
@@ -320,8 +318,6 @@ class SFTConfig:
         check_number("sft.max_grad_norm", self.max_grad_norm)
         check_number("sft.weight_decay", self.weight_decay, low_ok=True)
         check_number("sft.min_lr_ratio", self.min_lr_ratio, low_ok=True)
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError("sft.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.data is not None and self.solver is not None:
             raise ConfigError("sft.data", f"give a file of conversations or sft.solver ({self.solver!r}), not both")
         if self.data is not None and not str(self.data).endswith((".jsonl", ".json", ".parquet")):

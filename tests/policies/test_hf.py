@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.policies.base import Policy
 from agentenv.policies.hf import HFPolicy, HFPolicyConfig
 from agentenv.training.scoring import sequence_logprobs
@@ -29,8 +30,8 @@ def test_config_validation_names_key_and_value():
         HFPolicyConfig(model="m", max_batch_size=0)
     with pytest.raises(ConfigError, match="policy.device.*tpu"):
         HFPolicyConfig(model="m", device="tpu")
-    with pytest.raises(ConfigError, match="policy.dtype"):
-        HFPolicyConfig(model="m", dtype="int8")
+    with pytest.raises(ConfigError, match="policy.dtype"):  # a Literal: the loader checks it
+        build_dataclass(HFPolicyConfig, {"model": "m", "dtype": "int8"}, "policy")
 
 
 def test_length_finish(small_policy, small_tokenizer):
