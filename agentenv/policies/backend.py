@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 from agentenv.types import Tokenizer
 
@@ -23,7 +23,7 @@ class BackendStats:
     generated_tokens: int = 0
 
 
-def load_tokenizer(model: str, tokenizer: str | None) -> Tokenizer:
+def load_hf_tokenizer(model: str, tokenizer: str | None) -> Tokenizer:
     """The transformers tokenizer at `tokenizer` (None: the model's own)."""
     from transformers import AutoTokenizer
 
@@ -84,5 +84,5 @@ class PolicyBackend:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

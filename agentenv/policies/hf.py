@@ -36,10 +36,10 @@ from typing import Any, cast
 import torch
 
 from agentenv._loops import refuse_inside_loop
-from agentenv.policies.backend import BackendStats, PolicyBackend, load_tokenizer
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.config import HFPolicyConfig
 from agentenv.policies.distribution import logprobs_and_entropy
-from agentenv.types import Generation, SamplingParams
+from agentenv.types import Generation, SamplingParams, Tokenizer
 
 __all__ = ["HFPolicyConfig", "HFPolicy", "HFPolicyStats"]
 
@@ -146,7 +146,7 @@ class _Batch:
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
-    future: asyncio.Future
+    future: asyncio.Future[Generation]
     generator: torch.Generator
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -171,11 +171,11 @@ class HFPolicy(PolicyBackend):
         tokenizer: An already built tokenizer (skips loading).
     """
 
-    def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Any = None):
+    def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Tokenizer | None = None):
         self.config = config
         self.weight_version = 0
         self.device = _device(config)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, config.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else load_hf_tokenizer(config.model, config.tokenizer)
         if model is None:
             from transformers import AutoModelForCausalLM
 
@@ -191,7 +191,7 @@ class HFPolicy(PolicyBackend):
         self._lock = threading.Lock()  # one forward or weight load at a time
         self._waiting: deque[_Request] = deque()
         self._batch: _Batch | None = None
-        self._runner: asyncio.Task | None = None
+        self._runner: asyncio.Task[None] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> HFPolicy:
@@ -295,6 +295,7 @@ class HFPolicy(PolicyBackend):
                 continue
             for req in done:
                 if not req.future.done():
+                    assert req.result is not None  # a finished request holds its Generation (`_advance`)
                     req.future.set_result(req.result)
 
     # ------------------------------------------------------------------ decoding (worker thread)
@@ -380,7 +381,8 @@ class HFPolicy(PolicyBackend):
         )
         self.stats.decode_calls += 1
         b.kv, b.mask = _cache_kv(out.past_key_values), mask
-        return out.logits[:, -1]
+        logits: torch.Tensor = out.logits[:, -1]
+        return logits
 
     def _merge(self, new: _Batch) -> None:
         """Append `new` rows to the batch, left-padding the shorter cache (both computed by the same weights)."""

@@ -7,18 +7,18 @@ import atexit
 import contextlib
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
-from agentenv.policies.backend import BackendStats, PolicyBackend, load_tokenizer
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
 from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
-from agentenv.types import FinishReason, Generation, SamplingParams
+from agentenv.types import FinishReason, Generation, SamplingParams, Tokenizer
 
 
 @dataclass
@@ -37,11 +37,11 @@ class VLLMPolicy(PolicyBackend):
         tokenizer: An already built tokenizer (skips loading one).
     """
 
-    def __init__(self, config: VLLMPolicyConfig, tokenizer: Any = None):
+    def __init__(self, config: VLLMPolicyConfig, tokenizer: Tokenizer | None = None):
         _import_vllm()
         self.config = config
         self.weight_version = 0
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, config.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else load_hf_tokenizer(config.model, config.tokenizer)
         self.stats: _Counters = _Counters()
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
@@ -109,7 +109,8 @@ class VLLMPolicy(PolicyBackend):
         async def _all() -> list[Generation]:
             return list(await asyncio.gather(*(self._agenerate(p, params, mode) for p in checked)))
 
-        return self._loop.run(_all())
+        gens: list[Generation] = self._loop.run(_all())
+        return gens
 
     def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         if self._closed:
@@ -259,7 +260,7 @@ class VLLMPolicy(PolicyBackend):
         """`load_weights` with the tensors broadcast by the group's rank 0 (the GPU path; blocks until they arrived)."""
         self._update(lambda: self._loop.run(self._engine.collective_rpc("agentenv_nccl_receive")))
 
-    def _update(self, transfer: Any) -> None:
+    def _update(self, transfer: Callable[[], None]) -> None:
         """Pause (running requests finish on the old weights), transfer and load, reset the prefix cache, resume."""
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
