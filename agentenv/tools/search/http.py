@@ -60,7 +60,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         d = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-        return d / 2 + random.uniform(0, d / 2)
+        return float(d / 2 + random.uniform(0, d / 2))
 
 
 class _Rejected(Exception):
