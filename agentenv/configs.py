@@ -23,8 +23,10 @@ import yaml
 from agentenv.envs.config import AgentEnvConfig
 from agentenv.errors import ConfigError
 from agentenv.loader import apply_overrides, build_dataclass, check_number, dump_dataclass, rest_field
+from agentenv.policies.backends import BoundsContext
 from agentenv.policies.config import PolicyConfig
 from agentenv.rollout.config import RolloutConfig
+from agentenv.tools.base import ForkLimited
 
 
 # --------------------------------------------------------------------------- sections
@@ -138,8 +140,6 @@ class OptimizerConfig:
             check_number(f"{at}.{key}", getattr(self, key), low=1, low_ok=True, integer=True)
         check_number(f"{at}.warmup_steps", self.warmup_steps, low_ok=True, integer=True)
         check_number(f"{at}.lr", self.lr)
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError(f"{at}.lr_schedule", f"must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         check_number(f"{at}.min_lr_ratio", self.min_lr_ratio, low_ok=True)
         if self.min_lr_ratio > 1:
             raise ConfigError(f"{at}.min_lr_ratio", f"must be in [0, 1] (a fraction of {at}.lr), got {self.min_lr_ratio}")
@@ -368,7 +368,8 @@ class RunConfig:
                 "policy.max_turn_tokens",
                 f"{self.policy.max_turn_tokens} must be below env.max_context_tokens {self.env.max_context_tokens}",
             )
-        model_len = getattr(backends[self.policy.backend], "max_model_len", None)
+        backend = backends[self.policy.backend]
+        model_len = backend.max_model_len if isinstance(backend, BoundsContext) else None
         if isinstance(model_len, int) and model_len < self.env.max_context_tokens:
             # Every episode whose context grows past the model's length would fail (a run of failed trajectories).
             raise ConfigError(
@@ -436,7 +437,7 @@ def _check_forks(cfg: RunConfig) -> None:
                           f"cannot fork an episode (can_fork is False), and algorithm {cfg.algorithm.name!r} forks "
                           "episodes at branch points; use an independent-sampler algorithm (grpo, dapo, rloo, ...)")  # fmt: skip
     for name, (_, tool_cfg) in cfg.env.tool_parts().items():
-        for key, why in (getattr(tool_cfg, "unforkable", lambda: {})() or {}).items():
+        for key, why in (tool_cfg.unforkable() if isinstance(tool_cfg, ForkLimited) else {}).items():
             raise ConfigError(f"env.tools.{name}.{key}", f"{why}, and algorithm {cfg.algorithm.name!r} forks "
                               "episodes at branch points; use an independent-sampler algorithm (grpo, ...) or a "
                               "stateless server")  # fmt: skip

@@ -29,7 +29,7 @@ import math
 import re
 import types
 import typing
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import yaml
 
@@ -189,6 +189,20 @@ def _rekey(e: ConfigError, cls: type, prefix: str) -> ConfigError:
     return e
 
 
+@runtime_checkable
+class RenamesKeys(Protocol):
+    """A config class that says what its old keys became (`renamed_keys`: old key -> the new key, in words)."""
+
+    renamed_keys: ClassVar[dict[str, str]]
+
+
+@runtime_checkable
+class FixesKeys(Protocol):
+    """A config class that fixes some keys to one value (`fixed_keys`: key -> why, in words)."""
+
+    fixed_keys: ClassVar[dict[str, str]]
+
+
 def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
     """Build `cls` from a mapping, checking keys and types; errors name `prefix.key`.
 
@@ -219,8 +233,8 @@ def build_dataclass(cls: type[_D], data: Any, prefix: str) -> _D:
     fields = {_key_of(f): f for f in dataclasses.fields(cast(Any, cls)) if f.init}  # `cls` is a dataclass (the contract)
     names = list(fields)
     rest = _rest_name(cls)
-    renamed: dict[str, str] = getattr(cls, "renamed_keys", {})  # old key -> what it became
-    fixed: dict[str, str] = getattr(cls, "fixed_keys", {})  # key the class does not take -> why
+    renamed: dict[str, str] = cls.renamed_keys if isinstance(cls, RenamesKeys) else {}  # old key -> what it became
+    fixed: dict[str, str] = cls.fixed_keys if isinstance(cls, FixesKeys) else {}  # key the class does not take -> why
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():

@@ -23,11 +23,12 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from agentenv.errors import ConfigError
 
 T = TypeVar("T")
+P = TypeVar("P", covariant=True)  # what a Part makes
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -161,9 +162,16 @@ class Registry(Generic[T]):
 
 
 # --------------------------------------------------------------------------- parts with options
+@runtime_checkable
+class HasConfigClass(Protocol):
+    """A factory (or class) that names the dataclass of its options: `config_cls` (or its `"module:attr"`)."""
+
+    config_cls: Any
+
+
 @dataclasses.dataclass(frozen=True)
-class Part:
-    """A part as configs name it: `factory(config)` makes it, `config_cls` validates its options.
+class Part(Generic[P]):
+    """A part as configs name it: `factory(config)` makes it (a `P`), `config_cls` validates its options.
 
     Either may be a `"module:attr"` string, imported on first use, so registering
     imports nothing. A factory without a config class takes its options as
@@ -177,7 +185,7 @@ class Part:
     factory: Any
     config_cls: Any = None
 
-    def resolved(self, key: str) -> Part:
+    def resolved(self, key: str) -> Part[P]:
         """The same part with its config class imported (the factory stays lazy: it may load torch or vLLM)."""
         cls = self.config_cls
         if isinstance(cls, str):
@@ -189,7 +197,7 @@ class Part:
             factory = load_import_path(factory, key, "factory")  # its signature checks the options
         if not isinstance(factory, str) and not callable(factory):
             raise ConfigError(key, f"{factory!r} is not callable")
-        return Part(factory, cls)
+        return Part[P](factory, cls)
 
     def config(self, options: Mapping[str, Any] | None, key: str, defaults: Mapping[str, Any] | None = None) -> Any:
         """The validated options: an instance of `config_cls`, or a checked keyword dict.
@@ -223,14 +231,13 @@ class Part:
             return None
         return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
-    def make(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+    def make(self, config: Any, *args: Any, **kwargs: Any) -> P:
         """Call the factory with a config from `self.config` (and any runtime arguments)."""
         factory = self.factory
         if isinstance(factory, str):
             factory = import_string(factory)
-        if self.config_cls is not None:
-            return factory(config, *args, **kwargs)
-        return factory(*args, **{**config, **kwargs})
+        made: P = factory(config, *args, **kwargs) if self.config_cls is not None else factory(*args, **{**config, **kwargs})
+        return made  # the registry's kind: its registered factories are typed to make a P
 
 
 def _check_kwargs(factory: Any, options: dict[str, Any], key: str) -> dict[str, Any]:
@@ -251,10 +258,10 @@ def _check_kwargs(factory: Any, options: dict[str, Any], key: str) -> dict[str, 
     return options
 
 
-def as_part(obj: Any, key: str) -> Part:
+def as_part(obj: Any, key: str) -> Part[Any]:
     """A `Part`, or a callable (its `config_cls` attribute, if any, is its config class), as a resolved Part."""
     if isinstance(obj, Part):
         return obj.resolved(key)
     if callable(obj):
-        return Part(obj, getattr(obj, "config_cls", None)).resolved(key)
+        return Part(obj, obj.config_cls if isinstance(obj, HasConfigClass) else None).resolved(key)
     raise ConfigError(key, f"{obj!r} is neither a Part nor a callable factory")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentenv.tasks.task import Task
@@ -44,6 +44,29 @@ class Tokenizer(Protocol):
     @property
     def pad_token_id(self) -> Any: ...
 
+    @property
+    def chat_template(self) -> Any:
+        """Its own chat template (None: it has none)."""
+        ...
+
+    @property
+    def name_or_path(self) -> str: ...
+
+    @property
+    def model_max_length(self) -> int:
+        """The model's context length as the tokenizer knows it (transformers' "unknown" is ~1e30)."""
+        ...
+
+    @property
+    def all_special_tokens(self) -> list[str]: ...
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, Any]:
+        """Added tokens by id (`tokenizers.AddedToken`: `content`, `special`)."""
+        ...
+
+    def get_vocab(self) -> dict[str, int]: ...
+
     def encode(self, text: str, *args: Any, **kwargs: Any) -> Any: ...
 
     def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> Any: ...
@@ -53,6 +76,37 @@ class Tokenizer(Protocol):
     def convert_tokens_to_ids(self, tokens: Any) -> Any: ...
 
     def __len__(self) -> int: ...
+
+
+# --------------------------------------------------------------------------- optional capabilities of parts
+# A part (policy, tool, env) that has one of these declares it by having the member; whoever builds the part
+# asks `isinstance(part, Closeable)` once, instead of probing the part for a method by its name.
+@runtime_checkable
+class Closeable(Protocol):
+    """Holds processes or memory until `close()` (idempotent)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncCloseable(Protocol):
+    """Holds connections or processes until `await aclose()` (idempotent)."""
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class HasMetrics(Protocol):
+    """Counts what it did: `metrics()` (name -> number) since start or `reset_metrics`, where it has one."""
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ResetsMetrics(Protocol):
+    """Starts its counters again at `reset_metrics()`."""
+
+    def reset_metrics(self) -> None: ...
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -140,7 +194,7 @@ class PolicyText(str):
 
     turns: tuple[str, ...]
 
-    def __new__(cls, turns: Any) -> PolicyText:
+    def __new__(cls, turns: Iterable[str]) -> PolicyText:
         turns = tuple(turns)
         obj = super().__new__(cls, "\n".join(turns))
         obj.turns = turns
@@ -152,8 +206,7 @@ class PolicyText(str):
 
 def turns_of(response: str) -> tuple[str, ...]:
     """The turns of a response: a `PolicyText`'s, else the whole text as one turn (ARPO's format is one turn)."""
-    turns = getattr(response, "turns", None)
-    return tuple(turns) if turns is not None else (response,)
+    return response.turns if isinstance(response, PolicyText) else (response,)
 
 
 def clean_text(text: str) -> str:

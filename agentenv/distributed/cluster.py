@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -24,6 +24,7 @@ from agentenv.distributed.worker import RolloutWorker
 from agentenv.errors import ConfigError, InfraError
 from agentenv.policies.base import Policy
 from agentenv.rollout.config import RayRolloutConfig
+from agentenv.tools.base import Tool
 from agentenv.types import Tokenizer
 
 
@@ -296,8 +297,9 @@ def _remove_groups(groups: dict[int, Any]) -> None:
             remove_placement_group(pg)
 
 
-def start_tool(cfg: RayRolloutConfig, name: str, make_tool: Callable[[], Any]) -> RemoteTool:
-    """The prototype of tool `name` (as in `env.tools`) served by an actor with `cfg.tools[name]`'s resources."""
+def start_tool(cfg: RayRolloutConfig, name: str, make_tool: Callable[[], Any]) -> Tool | Sequence[Tool]:
+    """The prototype of tool `name` (as in `env.tools`) served by an actor with `cfg.tools[name]`'s resources: one
+    `RemoteTool` (typed as what a tool part makes, which it stands in for)."""
     lead = process_rank() == 0
     if lead:
         check_feasible(cfg)

@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from agentenv.errors import ToolError
+from agentenv.tools.base import HealthChecked, description_of, schema_of
 from agentenv.types import ToolResult
 
 PROTO = "proto"
@@ -43,8 +44,8 @@ class ToolService:
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.proto.name,
-            "description": getattr(self.proto, "description", None),
-            "schema": getattr(self.proto, "schema", None),
+            "description": description_of(self.proto),
+            "schema": schema_of(self.proto),
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
@@ -72,9 +73,8 @@ class ToolService:
             await tool.aclose()
 
     async def health_check(self) -> None:
-        check = getattr(self.proto, "health_check", None)
-        if check is not None:
-            await check()
+        if isinstance(self.proto, HealthChecked):
+            await self.proto.health_check()
 
     async def shutdown(self) -> None:
         """Close every session and the prototype (a sandbox pool removes its containers)."""

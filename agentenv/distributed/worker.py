@@ -24,8 +24,8 @@ from typing import Any
 
 import ray
 
-from agentenv.policies.base import Policy
-from agentenv.types import Generation, SamplingParams
+from agentenv.policies.base import JoinsWeightGroup, Policy
+from agentenv.types import Closeable, Generation, HasMetrics, ResetsMetrics, SamplingParams
 
 
 def chunk_tensors(chunk: list[tuple[str, Any, str]]) -> Iterator[tuple[str, Any]]:
@@ -127,6 +127,11 @@ class RolloutWorker:
         self.index = index
         self.timeout_s = timeout_s
         self.policy = make_policy()
+        # Its optional capabilities, asked once.
+        self._group = self.policy if isinstance(self.policy, JoinsWeightGroup) else None
+        self._metrics = self.policy if isinstance(self.policy, HasMetrics) else None
+        self._resets = self.policy if isinstance(self.policy, ResetsMetrics) else None
+        self._closer = self.policy if isinstance(self.policy, Closeable) else None
         self.version = 0
         # The backend counts its own loads from 0; the run's versions are the lead's. policy version -> run version.
         self._run_version: dict[int, int] = {self.policy.weight_version: 0}
@@ -166,11 +171,12 @@ class RolloutWorker:
 
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int) -> list[int]:
         """The GPU path: join the lead's NCCL weight group (`agentenv.policies.weight_group`)."""
-        join = getattr(self.policy, "join_weight_group", None)
-        if join is None:
+        return self._weight_group().join_weight_group(host, port, rank_offset, world_size)
+
+    def _weight_group(self) -> JoinsWeightGroup:
+        if self._group is None:
             raise TypeError(f"{type(self.policy).__name__} cannot receive weights over NCCL (the vllm backend can)")
-        ranks: list[int] = join(host, port, rank_offset, world_size)
-        return ranks
+        return self._group
 
     async def receive_weights(self, version: int) -> int:
         """The GPU path: load the tensors the lead broadcasts now, as `version`."""
@@ -178,7 +184,7 @@ class RolloutWorker:
             self._lock = asyncio.Lock()
 
         def receive() -> None:
-            self.policy.load_weights_from_group()  # type: ignore[attr-defined]  # join_weight_group checked it has one
+            self._weight_group().load_weights_from_group()
             self._run_version[self.policy.weight_version] = version
             self.version = version
 
@@ -195,23 +201,20 @@ class RolloutWorker:
 
     def info(self) -> dict[str, Any]:
         """pid, node, version, uptime and the backend's counters (`metrics()`, where it has them)."""
-        metrics = getattr(self.policy, "metrics", None)
         return {
             "index": self.index,
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "version": self.version,
             "uptime_s": time.time() - self._started,
-            "metrics": metrics() if metrics is not None else {},
+            "metrics": self._metrics.metrics() if self._metrics is not None else {},
         }
 
     def reset_metrics(self) -> None:
-        reset = getattr(self.policy, "reset_metrics", None)
-        if reset is not None:
-            reset()
+        if self._resets is not None:
+            self._resets.reset_metrics()
 
     def close(self) -> None:
         """Shut the engine down (its processes, its memory) before the actor is killed."""
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        if self._closer is not None:
+            self._closer.close()

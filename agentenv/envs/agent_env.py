@@ -53,15 +53,16 @@ _TAG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234
 def _check_tools(tools: Sequence[Tool]) -> dict[str, Tool]:
     out: dict[str, Tool] = {}
     for t in tools:
-        name = getattr(t, "name", None)
+        if not isinstance(t, Tool):
+            raise ConfigError("env.tools", f"{type(t).__name__} is not a Tool: it needs a name, an async __call__(query), "
+                              "fork() and aclose() (see agentenv.tools.base.Tool)")  # fmt: skip
+        name = t.name
         if not isinstance(name, str) or not name or not set(name) <= _TAG_NAME_CHARS or not (name[0].isalpha() or name[0] == "_"):
             raise ConfigError("env.tools", f"tool name {name!r} cannot be a tag: use letters, digits, _ . -")
         if name in RESERVED_TAGS:
             raise ConfigError("env.tools", f"tool name {name!r} is reserved (reserved: {', '.join(RESERVED_TAGS)})")
         if name in out:
             raise ConfigError("env.tools", f"two tools are named {name!r}; tool names are tags and must be unique")
-        if not callable(getattr(t, "fork", None)) or not callable(getattr(t, "aclose", None)):
-            raise ConfigError("env.tools", f"tool {name!r} lacks fork() or aclose(); see agentenv.tools.base.Tool")
         out[name] = t
     return out
 
@@ -124,7 +125,7 @@ class AgentEnv(gymnasium.Env):
         self.tasks: tuple[Task, ...] = tuple(tasks or ())
         self._owns_tools = owns_tools
         self._format = TOOL_FORMATS.get(self.config.tool_format).bind(tokenizer, self.config, self._prototypes)
-        self._eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        self._eos_id: int | None = tokenizer.eos_token_id
         self._vocab_size = len(tokenizer)
         self.observation_space = TokenSequence(self._vocab_size)
         self.action_space = TokenSequence(self._vocab_size, end_token_id=self._eos_id)
@@ -333,7 +334,7 @@ class AgentEnv(gymnasium.Env):
         info["result_truncated"] = shown.cut
         if self.remaining_tokens <= 0:
             return await self._finish("context", truncated=True, obs=obs, info=info)
-        return as_token_array(obs), 0.0, False, False, info
+        return StepResult(as_token_array(obs), 0.0, False, False, info)
 
     async def _answer_call(self, parsed: ParsedTurn, info: dict[str, Any]) -> str | None:
         """The text the model reads for a call or malformed call; None ends the episode."""
@@ -393,7 +394,7 @@ class AgentEnv(gymnasium.Env):
             reward=dict(self._reward_info),
             tool_calls=dict(self._tool_calls),
         )
-        return as_token_array(obs or []), self._reward, terminated, truncated, out
+        return StepResult(as_token_array(obs or []), self._reward, terminated, truncated, out)
 
     async def _score(self) -> None:
         """The episode's reward, through the gate (`agentenv.tasks.rewards.RewardGate`).

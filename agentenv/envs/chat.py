@@ -74,7 +74,7 @@ class ChatTemplate:
     def from_config(cls, tokenizer: Tokenizer, spec: str | None, kwargs: Mapping[str, Any]) -> ChatTemplate:
         template, name = load_chat_template(spec)
         if name is None:
-            name = f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
+            name = f"the chat template of {tokenizer.name_or_path or type(tokenizer).__name__}"
         else:
             name = f"chat template {name!r}"
         return cls(tokenizer, template, name, dict(kwargs))
@@ -82,7 +82,7 @@ class ChatTemplate:
     @property
     def available(self) -> bool:
         """Whether there is a template at all (given, or the tokenizer's own)."""
-        return self.template is not None or bool(getattr(self.tokenizer, "chat_template", None))
+        return self.template is not None or bool(self.tokenizer.chat_template)
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool, tools: bool = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 from agentenv.envs.agent_env import AgentEnv
@@ -99,8 +100,9 @@ def check_agent_env(
     Raises:
         AssertionError: With a message naming the check that failed.
     """
-    env = getattr(env, "unwrapped", env)
-    assert isinstance(env, AgentEnv), f"check_agent_env needs an AgentEnv, got {type(env).__name__}"
+    inner = env.unwrapped if isinstance(env, gymnasium.Env) else env  # a wrapper given by mistake is looked through
+    assert isinstance(inner, AgentEnv), f"check_agent_env needs an AgentEnv, got {type(env).__name__}"
+    env = inner
     actions = [list(a) for a in (actions if actions is not None else default_actions(env))]
     assert len(actions) >= 2, "check_agent_env needs at least two actions (one before and one after a fork)"
 

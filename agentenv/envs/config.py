@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any, cast
 from agentenv.envs.results import DEFAULT_RESULT_TEMPLATE, DEFAULT_TRUNCATION_MARKER, validate_result_fields
 from agentenv.errors import ConfigError
 from agentenv.loader import check_number, keyed
-from agentenv.registry import Part
 from agentenv.tasks.rewards import RewardFn, get_reward
 from agentenv.tasks.sources import TasksConfig
-from agentenv.tools.registry import get_tool
+from agentenv.tools.registry import ToolPart, get_tool
 
 if TYPE_CHECKING:
     from agentenv.envs.parts import EnvSpec
@@ -130,7 +129,7 @@ class AgentEnvConfig:
                 f"{self.max_result_tokens} must be below env.max_context_tokens {self.max_context_tokens}",
             )
 
-    def tool_parts(self) -> dict[str, tuple[Part, Any]]:
+    def tool_parts(self) -> dict[str, tuple[ToolPart, Any]]:
         """Each tool's part and validated config, by the name the config gives (looked up once).
 
         Raises:

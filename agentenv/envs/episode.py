@@ -8,7 +8,7 @@ wrapper is looked through (`env.unwrapped`) because wrappers are sync-only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import gymnasium
 import numpy as np
@@ -18,8 +18,26 @@ from agentenv.types import Generation, Trajectory
 Observation = np.ndarray
 """Token ids (int64), a fresh array: never shared with the env's state."""
 
-StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
-"""gymnasium's (observation, reward, terminated, truncated, info)."""
+
+class StepResult(NamedTuple):
+    """One env step: gymnasium's (observation, reward, terminated, truncated, info), with names.
+
+    It unpacks as gymnasium's 5-tuple; a sampler reads the field it needs by name.
+    """
+
+    observation: Observation
+    """The token ids appended after the turn (a tool's result; empty when none)."""
+    reward: float
+    """Non-zero only at the end."""
+    terminated: bool
+    """The episode ended by the policy (answer or EOS)."""
+    truncated: bool
+    """The episode was cut (length, context, tool limit)."""
+    info: dict[str, Any]
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
 
 
 @runtime_checkable

@@ -77,7 +77,9 @@ def make_tool(tool: str | Callable[..., Tool], options: Mapping[str, Any] | None
         part, defaults = as_part(tool, key), None
     else:
         raise ConfigError(key, f"expected a tool name, 'module:attr' or a factory, got {tool!r}")
-    made: Tool = part.make(part.config(options, key, defaults=defaults))
+    made = part.make(part.config(options, key, defaults=defaults))
+    if not isinstance(made, Tool):  # an MCP server's part makes several
+        raise ConfigError(key, f"{tool!r} makes {len(made)} tools; a ToolEnv wraps one")
     return made
 
 

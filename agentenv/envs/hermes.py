@@ -168,7 +168,7 @@ class HermesTurns:
                 "the system prompt, or use a template with tool support (env.chat_template: chatml_hermes)",
                 stacklevel=2,
             )
-        self.eos_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        self.eos_id: int | None = tokenizer.eos_token_id
         self.formatter = ResultFormatter(tokenizer, "{text}", config.truncation_marker)
         head, tail, _ = self._frame([{"role": "user", "content": "?"}], "!", None)
         self.min_result_tokens = len(self.chat.encode(head + config.truncation_marker + tail))

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from agentenv.envs.episode import EpisodeEnv, MakeEnv
 from agentenv.errors import ConfigError
-from agentenv.registry import Registry
+from agentenv.registry import HasConfigClass, Registry
 from agentenv.tasks.rewards import RewardFn
 from agentenv.tasks.sources import TaskSet
 from agentenv.tasks.task import Task
@@ -94,7 +94,7 @@ _EPISODE_MEMBERS = ("context", "remaining_tokens", "stop_strings", "done", "rese
 
 def is_client_env(cls: Any) -> bool:
     """Whether `cls` is a client env class (`run`, `tasks`, `from_options`) rather than an episode env class."""
-    return callable(getattr(cls, "run", None)) and callable(getattr(cls, "tasks", None)) and hasattr(cls, "from_options")
+    return isinstance(cls, type) and isinstance(cls, ClientEnv)
 
 
 def check_env_class(cls: Any, key: str = "env.class") -> Any:
@@ -104,17 +104,16 @@ def check_env_class(cls: Any, key: str = "env.class") -> Any:
         raise ConfigError(key, f"{name} is not a class: env.class names an env class (see agentenv.envs.parts)")
     if is_client_env(cls):
         return cls
-    missing = [m for m in ("from_inputs", "can_fork", *_EPISODE_MEMBERS) if not hasattr(cls, m)]
-    if missing:
+    if not (isinstance(cls, EnvClass) and isinstance(cls, EpisodeEnv)):
+        missing = [m for m in ("from_inputs", "can_fork", *_EPISODE_MEMBERS) if not hasattr(cls, m)]  # for the message
         raise ConfigError(
             key,
             f"{cls.__module__}.{name} is not an env class: it lacks {', '.join(missing)} (an episode env satisfies "
             "agentenv.envs.EpisodeEnv and has a classmethod from_inputs(EnvInputs) and a bool can_fork; see "
             "agentenv.envs.parts)",
         )
-    can_fork = getattr(cls, "can_fork")  # noqa: B009 - present (checked above); a user's class declares it
-    if not isinstance(can_fork, bool):
-        raise ConfigError(key, f"{cls.__module__}.{name}.can_fork must be True or False, got {can_fork!r}")
+    if not isinstance(cls.can_fork, bool):
+        raise ConfigError(key, f"{cls.__module__}.{name}.can_fork must be True or False, got {cls.can_fork!r}")
     return cls
 
 
@@ -145,7 +144,7 @@ class EnvSpec:
 
     @property
     def can_fork(self) -> bool:
-        return bool(getattr(self.cls, "can_fork", False))
+        return isinstance(self.cls, EnvClass) and self.cls.can_fork  # a client env forks no episode
 
     @property
     def drives_client(self) -> bool:
@@ -163,9 +162,8 @@ def resolve_env(name: str, options: Any, key: str = "env") -> EnvSpec:
     from agentenv.loader import build_dataclass
 
     cls = ENVS.get(name, f"{key}.class")
-    config_cls = getattr(cls, "config_cls", None)
-    if config_cls is not None:
-        checked = build_dataclass(config_cls, options, f"{key}.options")
+    if isinstance(cls, HasConfigClass) and cls.config_cls is not None:
+        checked = build_dataclass(cls.config_cls, options, f"{key}.options")
     else:
         if options:
             raise ConfigError(f"{key}.options", f"env class {name!r} takes no options, got {dict(options)!r}")

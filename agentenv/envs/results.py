@@ -76,8 +76,8 @@ ZWSP = "\u200b"
 
 def special_strings(tokenizer: Tokenizer) -> list[str]:
     """The tokenizer's special-token strings (longest first), which a tool's text must not spell."""
-    specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+    specials = set(tokenizer.all_special_tokens)
+    for added in tokenizer.added_tokens_decoder.values():
         if getattr(added, "special", False):
             specials.add(added.content)
     return sorted((s for s in specials if len(s) > 1), key=len, reverse=True)

@@ -210,7 +210,7 @@ class TextEnv(ABC):
         self._append(Segment("tool", obs))
         check_from_scratch(self.chat, self._segments, rendered)
         # tool_result: the env's answer is a node a tree sampler may branch at (as after a tool's output)
-        return as_token_array(obs), 0.0, False, False, {"turn": self._turns, "tool_result": True}
+        return StepResult(as_token_array(obs), 0.0, False, False, {"turn": self._turns, "tool_result": True})
 
     def _turn(self, action: Any) -> tuple[list[int], Segment]:
         if isinstance(action, Generation):
@@ -243,7 +243,7 @@ class TextEnv(ABC):
         self._done, self._finish_reason, self._reward = True, reason, float(reward)
         self._reward_info = {"score": self._reward, "correct": bool(correct), "format_ok": True}
         info = {"turn": self._turns, "finish_reason": reason, "reward": dict(self._reward_info)}
-        return as_token_array([]), self._reward, terminated, truncated, info
+        return StepResult(as_token_array([]), self._reward, terminated, truncated, info)
 
     def _append(self, seg: Segment) -> None:
         self._segments.append(seg)

@@ -147,7 +147,7 @@ class ToolEnv(gymnasium.Env):
         obs, cut = await frame_off_loop(text, lambda: self._formatter.encode(text, self.config.max_result_tokens))
         truncated = self._calls >= self.config.max_calls
         info = {"ok": result.ok, "error": result.error, "calls": self._calls, "result_truncated": cut, "tool_result": True}
-        return as_token_array(obs), 0.0, False, truncated, info
+        return StepResult(as_token_array(obs), 0.0, False, truncated, info)
 
     def fork(self) -> ToolEnv:
         """An independent copy: counters copied, the episode's tool forked."""

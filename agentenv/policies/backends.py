@@ -12,11 +12,19 @@ run fills in the model folder) and may have `dtype` and `seed` (filled from
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
+from agentenv.policies.base import Policy
 from agentenv.registry import Part, Registry, as_part
 
-POLICY_BACKENDS: Registry[Part] = Registry("policy backend", "policy.backend", group="agentenv.policies", adapt=as_part)
+POLICY_BACKENDS: Registry[Part[Policy]] = Registry("policy backend", "policy.backend", group="agentenv.policies", adapt=as_part)
+
+
+@runtime_checkable
+class BoundsContext(Protocol):
+    """A backend's settings that cap the model's context (hf, vLLM): `max_model_len`, None for the model's own."""
+
+    max_model_len: int | None
 
 
 def register_policy_backend(name: str, factory: Any, config_cls: Any, *, overwrite: bool = False) -> None:
@@ -24,7 +32,7 @@ def register_policy_backend(name: str, factory: Any, config_cls: Any, *, overwri
     POLICY_BACKENDS.register(name, Part(factory, config_cls), overwrite=overwrite)
 
 
-def build_policy(name: str, config: Any, model_path: str) -> Any:
+def build_policy(name: str, config: Any, model_path: str) -> Policy:
     """The rollout policy of backend `name` from its validated settings, serving `model_path`."""
     part = POLICY_BACKENDS.get(name)
     if dataclasses.is_dataclass(config):

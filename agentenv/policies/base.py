@@ -28,3 +28,18 @@ class Policy(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Take the trainer's new weights (name -> tensor); `weight_version` goes up by one."""
         ...
+
+
+# Optional capabilities a backend may have besides the Protocol (checked with isinstance where the policy is built):
+# `agentenv.types.Closeable` (`close()`), `HasMetrics` (`metrics()`), `ResetsMetrics` (`reset_metrics()`), and:
+@runtime_checkable
+class JoinsWeightGroup(Protocol):
+    """Receives the trainer's weights over an NCCL weight group (`agentenv.policies.weight_group`; the vLLM backend)."""
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int) -> list[int]:
+        """Join the group; returns the ranks its workers took."""
+        ...
+
+    def load_weights_from_group(self) -> None:
+        """`load_weights` with the tensors the group's rank 0 broadcasts now (blocks until they arrived)."""
+        ...

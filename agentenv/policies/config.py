@@ -28,7 +28,6 @@ from agentenv.errors import ConfigError
 from agentenv.loader import check_number, rest_field
 from agentenv.types import SamplingParams
 
-_HF_DTYPES = ("float32", "bfloat16", "float16")
 _DEVICE = re.compile(r"auto|cpu|cuda(?::(\d+))?")
 _RUN_FILLED = ("model", "seed")  # come from model.path and trainer.seed, never from the backend's section
 
@@ -168,8 +167,6 @@ class HFPolicyConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in _HF_DTYPES:
-            raise ConfigError("policy.dtype", f"must be one of {list(_HF_DTYPES)}, got {self.dtype!r}")
         check_device("policy.device", self.device)
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
@@ -177,7 +174,3 @@ class HFPolicyConfig:
             raise ConfigError("policy.max_prefill_tokens", f"must be an int >= 1, got {self.max_prefill_tokens!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("policy.max_model_len", f"must be >= 2 or None, got {self.max_model_len!r}")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ConfigError(
-                "policy.attn_implementation", f"must be sdpa or eager, got {self.attn_implementation!r}"
-            )

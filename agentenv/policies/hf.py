@@ -36,9 +36,10 @@ from typing import Any, cast
 import torch
 
 from agentenv._loops import refuse_inside_loop
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.config import HFPolicyConfig
 from agentenv.policies.distribution import logprobs_and_entropy
-from agentenv.types import Generation, SamplingParams
+from agentenv.types import Generation, SamplingParams, Tokenizer
 
 __all__ = ["HFPolicyConfig", "HFPolicy", "HFPolicyStats"]
 
@@ -52,15 +53,13 @@ def _device(config: HFPolicyConfig) -> torch.device:
 
 
 @dataclass
-class HFPolicyStats:
+class HFPolicyStats(BackendStats):
     """Counters of the batching engine (tests and benchmarks read them)."""
 
     prefill_calls: int = 0
     decode_calls: int = 0
     rows_prefilled: int = 0
-    generated_tokens: int = 0
     max_rows: int = 0
-    finished: int = 0
     rows_recomputed: int = 0
     """Rows whose cache a weight push made stale, prefilled again under the new weights."""
 
@@ -147,7 +146,7 @@ class _Batch:
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
-    future: asyncio.Future
+    future: asyncio.Future[Generation]
     generator: torch.Generator
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -163,7 +162,7 @@ class _Request:
 # --------------------------------------------------------------------------- the policy
 
 
-class HFPolicy:
+class HFPolicy(PolicyBackend):
     """A transformers causal LM as a `Policy`.
 
     Args:
@@ -172,15 +171,11 @@ class HFPolicy:
         tokenizer: An already built tokenizer (skips loading).
     """
 
-    def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Any = None):
+    def __init__(self, config: HFPolicyConfig, model: Any = None, tokenizer: Tokenizer | None = None):
         self.config = config
         self.weight_version = 0
         self.device = _device(config)
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else load_hf_tokenizer(config.model, config.tokenizer)
         if model is None:
             from transformers import AutoModelForCausalLM
 
@@ -191,12 +186,12 @@ class HFPolicy:
         mcfg = self.model.config
         self.max_model_len = config.max_model_len or getattr(mcfg, "max_position_embeddings", None) or 2048
         self.eos_token_ids = self._eos_ids()
-        self.stats = HFPolicyStats()
+        self.stats: HFPolicyStats = HFPolicyStats()
         self._seed_rng = random.Random(config.seed)
         self._lock = threading.Lock()  # one forward or weight load at a time
         self._waiting: deque[_Request] = deque()
         self._batch: _Batch | None = None
-        self._runner: asyncio.Task | None = None
+        self._runner: asyncio.Task[None] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> HFPolicy:
@@ -219,14 +214,7 @@ class HFPolicy:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Sample one continuation of `prompt_ids`; batched with concurrent calls."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("generate() needs a non-empty prompt")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
-                "(the env's context budget should end the episode before this)"
-            )
+        prompt_ids = self._check_prompt(prompt_ids)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(2**63)
         loop = asyncio.get_running_loop()
         req = _Request(prompt_ids, params, loop.create_future(), torch.Generator().manual_seed(seed))
@@ -307,6 +295,7 @@ class HFPolicy:
                 continue
             for req in done:
                 if not req.future.done():
+                    assert req.result is not None  # a finished request holds its Generation (`_advance`)
                     req.future.set_result(req.result)
 
     # ------------------------------------------------------------------ decoding (worker thread)
@@ -392,7 +381,8 @@ class HFPolicy:
         )
         self.stats.decode_calls += 1
         b.kv, b.mask = _cache_kv(out.past_key_values), mask
-        return out.logits[:, -1]
+        logits: torch.Tensor = out.logits[:, -1]
+        return logits
 
     def _merge(self, new: _Batch) -> None:
         """Append `new` rows to the batch, left-padding the shorter cache (both computed by the same weights)."""
@@ -453,7 +443,7 @@ class HFPolicy:
                 keep.append(i)
         b.pending = tokens
         if done:
-            self.stats.finished += len(done)
+            self.stats.requests += len(done)
             self._select(keep)
         return done
 
@@ -482,15 +472,3 @@ class HFPolicy:
             r.result = Generation(r.token_ids, r.logprobs, r.entropies, "length", versions=r.versions)
             return True
         return False
-
-    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
-        """The stop string completed by the last token, if any.
-
-        Decodes only a tail window long enough for the longest stop string (a
-        character is at most 4 byte-level tokens). Checked after every token,
-        so a stop string first appears in the window when its last token lands.
-        """
-        window = 4 * max(len(s) for s in stops) + 4
-        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
-        found = [(text.find(s), s) for s in stops if s in text]
-        return min(found)[1] if found else None

@@ -16,13 +16,28 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentenv.errors import ConfigError
 from agentenv.registry import Registry, is_import_path
+from agentenv.types import Tokenizer
 
 DEFAULT_MODEL = "tiny"
 """What `model.path` is when a config gives none, and whose tokenizer envs use by default."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model part: `path()` is its folder (built or fetched on first use)."""
+
+    def path(self) -> str: ...
+
+
+@runtime_checkable
+class HasTokenizer(Protocol):
+    """A model part that loads its tokenizer alone (cheaper than building the model)."""
+
+    def tokenizer(self) -> Tokenizer: ...
 
 
 class _CallableModel:
@@ -33,15 +48,15 @@ class _CallableModel:
         return str(self._fn())
 
 
-def _as_model(obj: Any, key: str) -> Any:
-    if callable(getattr(obj, "path", None)):
+def _as_model(obj: Any, key: str) -> Model:
+    if isinstance(obj, Model):
         return obj
     if callable(obj):
         return _CallableModel(obj)
     raise ConfigError(key, f"{obj!r} is not a model: it needs a path() method (or is a callable returning a path)")
 
 
-MODELS: Registry[Any] = Registry("model", "model.path", group="agentenv.models", adapt=_as_model)
+MODELS: Registry[Model] = Registry("model", "model.path", group="agentenv.models", adapt=_as_model)
 
 
 def register_model(name: str, model: Any, *, overwrite: bool = False) -> None:
@@ -91,15 +106,16 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     return path
 
 
-def load_tokenizer(path: str, key: str = "model.path") -> Any:
+def load_tokenizer(path: str, key: str = "model.path") -> Tokenizer:
     """The tokenizer of `model.path`, without building a registered model when it can load its tokenizer alone."""
     if _named(path):
         model = MODELS.get(path, key)
-        if callable(getattr(model, "tokenizer", None)):
+        if isinstance(model, HasTokenizer):
             return model.tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(path, key))
+    tokenizer: Tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path, key))
+    return tokenizer
 
 
 # Built-in models besides `tiny` (registered by agentenv.toy), as a user's would be: only strings, nothing imported.

@@ -55,7 +55,7 @@ class ScriptedPolicy:
         )
         self.delay_s = delay_s
         self.calls = 0
-        self._eos: int | None = getattr(tokenizer, "eos_token_id", None)
+        self._eos: int | None = tokenizer.eos_token_id
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

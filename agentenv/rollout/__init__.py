@@ -1,10 +1,10 @@
 """agentenv.rollout: the async engine that drives policies against envs."""
 
+from agentenv.envs.episode import StepResult
 from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.engine import (
     Episode,
     RolloutEngine,
-    StepResult,
     concat_generations,
     derive_seed,
     run_episode,

@@ -20,17 +20,17 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
+import gymnasium
 import numpy as np
 
 from agentenv._loops import gather_settled
-from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv
+from agentenv.envs.episode import AnyEnv, EpisodeEnv, MakeEnv, StepResult
 from agentenv.errors import InfraError
 from agentenv.policies.base import Policy
 from agentenv.policies.routing import ROUTE_KEY
-from agentenv.rollout.config import MIN_EPISODE_TIMEOUT_S, RolloutConfig  # noqa: F401  (re-exported: RolloutConfig's home was here)
+from agentenv.rollout.config import RolloutConfig
 from agentenv.tasks.rewards import RewardError, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Generation, Group, SamplingParams, Trajectory
@@ -68,39 +68,16 @@ def concat_generations(*gens: Generation) -> Generation:
     )
 
 
-@dataclass
-class StepResult:
-    """One env step, with the generation that caused it.
-
-    Attributes:
-        generation: The policy's turn.
-        observation: The tool result's token ids (empty when none).
-        reward: The env's reward (non-zero only at the end).
-        terminated: The episode ended by the policy (answer or EOS).
-        truncated: The episode was cut (length, context, tool limit).
-        info: The env's step info.
-    """
-
-    generation: Generation
-    observation: list[int]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return self.terminated or self.truncated
-
-
 def _unwrap(env: AnyEnv) -> EpisodeEnv:
     """The env itself, or under gymnasium wrappers the base env (wrappers are sync-only)."""
-    if hasattr(env, "astep") and hasattr(env, "fork"):
-        return cast(EpisodeEnv, env)
-    inner = getattr(env, "unwrapped", None)
-    if inner is not None and hasattr(inner, "astep"):
-        return cast(EpisodeEnv, inner)
-    raise TypeError(f"the rollout needs an env with astep() and fork() (an AgentEnv), got {type(env).__name__}")
+    if isinstance(env, EpisodeEnv):
+        return env
+    inner = env.unwrapped if isinstance(env, gymnasium.Env) else None
+    if isinstance(inner, EpisodeEnv):
+        return inner
+    raise TypeError(
+        f"the rollout needs an env with the EpisodeEnv members (astep, fork, ...: an AgentEnv), got {type(env).__name__}"
+    )
 
 
 class Episode:
@@ -207,10 +184,10 @@ class Episode:
         return concat_generations(prefix, gen) if prefix is not None else gen
 
     async def step(self, generation: Generation) -> StepResult:
-        """Give a (complete) turn to the env."""
+        """Give a (complete) turn to the env; its step, named (an env of the user's may return a plain 5-tuple)."""
         obs, reward, terminated, truncated, info = await self.env.astep(generation)
         self.turns += 1
-        return StepResult(generation, [int(t) for t in obs], float(reward), bool(terminated), bool(truncated), info)
+        return StepResult(np.asarray(obs), float(reward), bool(terminated), bool(truncated), info)
 
     async def play_turn(self, max_tokens: int | None = None) -> StepResult:
         """Generate one turn and step the env with it."""

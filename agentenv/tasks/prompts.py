@@ -54,7 +54,7 @@ def render_prompt_text(
         last message is the assistant's (a prefill), ending after its text.
     """
     msgs = [dict(m) for m in messages]
-    if tokenizer is not None and (chat_template or getattr(tokenizer, "chat_template", None)):
+    if tokenizer is not None and (chat_template or tokenizer.chat_template):
         if chat_template is not None:
             template_kwargs["chat_template"] = chat_template
         cont = is_prefilled(msgs)

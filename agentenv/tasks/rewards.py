@@ -282,9 +282,33 @@ def bounded(low: float, high: float) -> Callable[[F], F]:
     return mark
 
 
+@runtime_checkable
+class Bounded(Protocol):
+    """A reward function that declared its range (`bounded`)."""
+
+    reward_range: tuple[float, float]
+
+
+@runtime_checkable
+class ScoreLike(Protocol):
+    """A reward function's own result record: its score and whether the answer is correct (`RewardResult` is one)."""
+
+    score: float
+    correct: bool
+
+
+@runtime_checkable
+class Graded(ScoreLike, Protocol):
+    """A result record that also says whether the format held, the answer it read, and why."""
+
+    format_ok: bool
+    answer: str | None
+    reason: str
+
+
 def reward_range(fn: Any) -> tuple[float, float]:
     """The range a reward function declared with `bounded` (unbounded when it declared none)."""
-    return cast(tuple[float, float], getattr(fn, "reward_range", (-math.inf, math.inf)))
+    return fn.reward_range if isinstance(fn, Bounded) else (-math.inf, math.inf)
 
 
 def verifier_timeout_s() -> float:
@@ -315,7 +339,7 @@ def check_reward(value: Any, bounds: tuple[float, float], source: str) -> float:
 def _raw_score(r: Any) -> Any:
     if isinstance(r, tuple) and len(r) == 2:
         return r[0]
-    return getattr(r, "score", r)
+    return r.score if isinstance(r, ScoreLike) else r
 
 
 def gated_score(fn: Any, response: str, task: Task, tool_calls: Mapping[str, int],
@@ -548,9 +572,10 @@ def as_reward_result(r: Any) -> RewardResult:
     if isinstance(r, tuple) and len(r) == 2:
         score, correct = r
         return RewardResult(float(score), bool(correct), True, None, "")
-    if hasattr(r, "score"):
-        return RewardResult(float(r.score), bool(getattr(r, "correct", False)), bool(getattr(r, "format_ok", True)),
-                            getattr(r, "answer", None), str(getattr(r, "reason", "")))  # fmt: skip
+    if isinstance(r, Graded):
+        return RewardResult(float(r.score), bool(r.correct), bool(r.format_ok), r.answer, str(r.reason))
+    if isinstance(r, ScoreLike):
+        return RewardResult(float(r.score), bool(r.correct), True, None, "")
     raise TypeError(f"a reward must return a RewardResult, an object with .score and .correct, or (score, correct); got {r!r}")
 
 

@@ -31,7 +31,16 @@ from agentenv.loader import check_number, rest_field
 from agentenv.registry import Part, Registry, as_part, is_import_path, load_import_path
 from agentenv.tasks.task import Ability, Task, balanced_subset
 
-TASK_SOURCES: Registry[Part] = Registry("task source", "env.tasks.source", group="agentenv.task_sources", adapt=as_part)
+TASK_SOURCES: Registry[Part[TaskSet | list[Task]]] = Registry(
+    "task source", "env.tasks.source", group="agentenv.task_sources", adapt=as_part
+)
+
+
+@runtime_checkable
+class FillsToolDefaults(Protocol):
+    """A source config that offers tools options (by tool name), such as the toy corpus for `search`."""
+
+    def tool_defaults(self) -> Mapping[str, Mapping[str, Any]]: ...
 
 
 @runtime_checkable
@@ -93,8 +102,8 @@ class TasksConfig:
 
     def tool_defaults(self) -> dict[str, dict[str, Any]]:
         """Options the source fills in for tools, by tool name (e.g. the toy corpus for `search`)."""
-        fn = getattr(self.source_config, "tool_defaults", None)
-        return {k: dict(v) for k, v in (fn() if callable(fn) else {}).items()}
+        cfg = self.source_config
+        return {k: dict(v) for k, v in (cfg.tool_defaults() if isinstance(cfg, FillsToolDefaults) else {}).items()}
 
     def load(self) -> TaskSet:
         """Load the tasks and apply the limits.

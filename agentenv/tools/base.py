@@ -26,9 +26,9 @@ class Tool(Protocol):
     closes it (and any shared pool behind it).
 
     Optional attributes, for chat formats that describe tools to the model
-    (`hermes`): `description` (what the tool does) and `schema` (the JSON schema
-    of its arguments, an object). A tool without them takes one string `query`
-    (see `tool_schema`).
+    (`hermes`): `description` (what the tool does, `Described`) and `schema`
+    (the JSON schema of its arguments, an object, `HasSchema`). A tool without
+    them takes one string `query` (see `tool_schema`).
 
     Optional hook: `async health_check() -> None` (see `HealthChecked`), run on
     the prototype before a run's first step (`Runtime.health_check`): it warms
@@ -56,6 +56,39 @@ class HealthChecked(Protocol):
     async def health_check(self) -> None: ...
 
 
+@runtime_checkable
+class Described(Protocol):
+    """A tool's optional text for the model: what it does (None: a generic line)."""
+
+    description: str | None
+
+
+@runtime_checkable
+class HasSchema(Protocol):
+    """A tool's optional JSON schema of its arguments, an object (None: one string `query`)."""
+
+    schema: dict[str, Any] | None
+
+
+@runtime_checkable
+class ForkLimited(Protocol):
+    """A tool config whose options can leave its tool unable to follow an episode's fork (ARPO's tree)."""
+
+    def unforkable(self) -> dict[str, str]:
+        """Config key -> why, for each option that keeps the tool from forking (empty: it forks)."""
+        ...
+
+
+def description_of(tool: object) -> str | None:
+    """The tool's `description` (None when it declares none)."""
+    return tool.description if isinstance(tool, Described) else None
+
+
+def schema_of(tool: object) -> dict[str, Any] | None:
+    """The tool's `schema` (None when it declares none)."""
+    return tool.schema if isinstance(tool, HasSchema) else None
+
+
 # --------------------------------------------------------------------------- schemas for chat formats
 DEFAULT_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -65,7 +98,7 @@ DEFAULT_PARAMETERS: dict[str, Any] = {
 """The arguments of a tool that declares no `schema`: one string, its query."""
 
 
-def tool_schema(tool: Any) -> dict[str, Any]:
+def tool_schema(tool: Tool) -> dict[str, Any]:
     """The tool as a function schema (`{"type": "function", "function": {name, description, parameters}}`),
     what chat templates take as `tools`.
 
@@ -73,12 +106,12 @@ def tool_schema(tool: Any) -> dict[str, Any]:
     (the JSON schema of its arguments, an object); a tool without them is one
     that takes a string `query`.
     """
-    description = getattr(tool, "description", None) or f"The {tool.name} tool: give it a query, read its answer."
-    parameters = getattr(tool, "schema", None) or DEFAULT_PARAMETERS
+    description = description_of(tool) or f"The {tool.name} tool: give it a query, read its answer."
+    parameters = schema_of(tool) or DEFAULT_PARAMETERS
     return {"type": "function", "function": {"name": tool.name, "description": description, "parameters": parameters}}
 
 
-def query_from_arguments(tool: Any, arguments: Mapping[str, Any]) -> str:
+def query_from_arguments(tool: Tool, arguments: Mapping[str, Any]) -> str:
     """The query a tool is called with, from a call's JSON arguments.
 
     A tool whose schema has one parameter gets that argument's value (a number

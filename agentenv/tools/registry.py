@@ -12,11 +12,16 @@ without a config class takes its options as keyword arguments. The tool's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agentenv.registry import Part, Registry, as_part
+from agentenv.tools.base import Tool
 
-TOOLS: Registry[Part] = Registry("tool", "env.tools", group="agentenv.tools", adapt=as_part)
+ToolPart = Part[Tool | Sequence[Tool]]
+"""A tool's part: its factory makes one prototype `Tool`, or several (an MCP server's tools)."""
+
+TOOLS: Registry[ToolPart] = Registry("tool", "env.tools", group="agentenv.tools", adapt=as_part)
 _ENV_NAMES: dict[str, str] = {}
 
 
@@ -42,7 +47,7 @@ def tool_env_name(name: str) -> str:
     return _ENV_NAMES.get(name, name.capitalize())
 
 
-def get_tool(name: str, key: str | None = None) -> Part:
+def get_tool(name: str, key: str | None = None) -> ToolPart:
     """The tool part called `name` (registered, an entry point, or `module:attr`)."""
     return TOOLS.get(name, key)
 

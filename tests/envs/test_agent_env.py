@@ -318,6 +318,8 @@ def test_config_from_mapping_and_bad_tools(tok):
         AgentEnv([EchoTool("answer")], tok)
     with pytest.raises(ConfigError, match="cannot be a tag"):
         AgentEnv([EchoTool("my tool")], tok)
+    with pytest.raises(ConfigError, match=r"env\.tools: str is not a Tool: it needs a name"):
+        AgentEnv(["search"], tok)
 
 
 def test_no_room_for_a_result_ends_without_calling(tok, task, enc):

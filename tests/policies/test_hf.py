@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.policies.base import Policy
 from agentenv.policies.hf import HFPolicy, HFPolicyConfig
 from agentenv.training.scoring import sequence_logprobs
@@ -29,8 +30,8 @@ def test_config_validation_names_key_and_value():
         HFPolicyConfig(model="m", max_batch_size=0)
     with pytest.raises(ConfigError, match="policy.device.*tpu"):
         HFPolicyConfig(model="m", device="tpu")
-    with pytest.raises(ConfigError, match="policy.dtype"):
-        HFPolicyConfig(model="m", dtype="int8")
+    with pytest.raises(ConfigError, match="policy.dtype"):  # a Literal: the loader checks it
+        build_dataclass(HFPolicyConfig, {"model": "m", "dtype": "int8"}, "policy")
 
 
 def test_length_finish(small_policy, small_tokenizer):
@@ -61,12 +62,15 @@ def test_stop_string_keeps_its_tokens(small_policy, small_tokenizer):
 def test_earliest_stop_string_wins(small_policy, small_tokenizer):
     tok = small_tokenizer
     prompt = _prompt(tok)
-    ref = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=5))
-    early = tok.decode(ref.token_ids[2:4])
-    late = tok.decode(ref.token_ids[:12])[len(tok.decode(ref.token_ids[:10])) :]
-    if late in tok.decode(ref.token_ids[:4]):
-        pytest.skip("sample repeats itself")
-    g = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=5, stop=(late, early)))
+    for seed in range(5, 45):  # a sample whose late text does not already show in its first tokens
+        ref = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=seed))
+        early = tok.decode(ref.token_ids[2:4])
+        late = tok.decode(ref.token_ids[:12])[len(tok.decode(ref.token_ids[:10])) :]
+        if len(ref.token_ids) == 20 and early and late and late not in tok.decode(ref.token_ids[:4]):
+            break
+    else:
+        raise AssertionError("40 samples of 20 tokens all repeat their first tokens later")
+    g = small_policy.generate_sync(prompt, SamplingParams(max_tokens=20, seed=seed, stop=(late, early)))
     assert g.stop_string == early
     assert len(g.token_ids) <= 4
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.policies.vllm import VLLMPolicyConfig, exact_entropy, topk_entropy
 
 
@@ -19,14 +20,14 @@ def test_config_defaults_and_validation_name_key_and_value():
         VLLMPolicyConfig(model="m", weight_push="abort")
     with pytest.raises(ConfigError, match=r"policy.entropy_topk.*0"):
         VLLMPolicyConfig(model="m", entropy_topk=0)
-    with pytest.raises(ConfigError, match=r"policy.entropy_mode.*'none'"):
-        VLLMPolicyConfig(model="m", entropy_mode="none")  # a per-call baseline only
+    with pytest.raises(ConfigError, match=r"policy.entropy_mode.*'none'"):  # a Literal: the loader checks it
+        build_dataclass(VLLMPolicyConfig, {"model": "m", "entropy_mode": "none"}, "policy")  # a per-call baseline only
     with pytest.raises(ConfigError, match=r"policy.gpu_memory_utilization.*1.5"):
         VLLMPolicyConfig(model="m", gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match=r"policy.tensor_parallel_size.*0"):
         VLLMPolicyConfig(model="m", tensor_parallel_size=0)
     with pytest.raises(ConfigError, match=r"policy.dtype.*'int8'"):
-        VLLMPolicyConfig(model="m", dtype="int8")
+        build_dataclass(VLLMPolicyConfig, {"model": "m", "dtype": "int8"}, "policy")
     with pytest.raises(ConfigError, match=r"policy.engine_kwargs.*logprobs_mode"):
         VLLMPolicyConfig(model="m", engine_kwargs={"logprobs_mode": "raw_logprobs"})
 

@@ -69,16 +69,12 @@ def weights(served):
 
 @pytest.fixture(scope="module")
 def policy(served):
-    from agentenv.errors import InfraError
     from agentenv.policies.vllm import VLLMPolicyConfig, make_vllm_policy
 
     cfg = VLLMPolicyConfig(
         model=served, dtype="float32", max_model_len=512, enforce_eager=True, cpu_kvcache_space_gib=1, block_size=32
     )
-    try:
-        pol = make_vllm_policy(cfg)
-    except InfraError as exc:
-        pytest.skip(f"vllm is installed but unusable here: {exc}")
+    pol = make_vllm_policy(cfg)  # vllm is installed (the module's skipif): an engine that cannot start fails here
     yield pol
     pol.close()
 

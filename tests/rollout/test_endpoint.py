@@ -19,10 +19,10 @@ import pytest
 from agentenv.envs.chat import ChatTemplate, check_from_scratch
 from agentenv.errors import ConfigError
 from agentenv.policies.scripted import ScriptedPolicy
+from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.agent import AgentRunner
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.endpoint.server import Endpoint
-from agentenv.rollout.engine import RolloutConfig
 from agentenv.tasks.rewards import get_reward
 from agentenv.types import SamplingParams
 

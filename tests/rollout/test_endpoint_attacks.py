@@ -23,10 +23,10 @@ from agentenv.algorithms import get_algorithm
 from agentenv.configs import AlgorithmSection
 from agentenv.envs.chat import ChatTemplate
 from agentenv.policies.scripted import ScriptedPolicy
+from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.agent import AgentRunner
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.endpoint.server import Endpoint
-from agentenv.rollout.engine import RolloutConfig
 from agentenv.tasks.rewards import get_reward
 from agentenv.types import Generation, SamplingParams
 

@@ -20,8 +20,8 @@ from agentenv.envs.chat import ChatTemplate
 from agentenv.envs.testing import make_task
 from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout import run_episode
+from agentenv.rollout.config import RolloutConfig
 from agentenv.rollout.endpoint.agent import AgentRunner
-from agentenv.rollout.engine import RolloutConfig
 from agentenv.tasks import rewards
 from agentenv.tasks.rewards import (
     REWARD_ERROR_KINDS,

@@ -271,6 +271,19 @@ def test_a_users_reward_may_return_a_pair():
         as_reward_result("good")
 
 
+def test_a_users_reward_may_return_its_own_record():
+    from types import SimpleNamespace
+
+    from agentenv.tasks.rewards import as_reward_result
+
+    plain = as_reward_result(SimpleNamespace(score=0.5, correct=True))  # a ScoreLike
+    assert (plain.score, plain.correct, plain.format_ok, plain.answer, plain.reason) == (0.5, True, True, None, "")
+    full = as_reward_result(SimpleNamespace(score=-1, correct=False, format_ok=False, answer="4", reason="no tags"))
+    assert (full.score, full.correct, full.format_ok, full.answer, full.reason) == (-1.0, False, False, "4", "no tags")
+    with pytest.raises(TypeError, match=r"\.score and \.correct"):
+        as_reward_result(SimpleNamespace(score=0.5))  # says nothing of correctness
+
+
 # ----------------------------------------------------------------------------- turns and hostile sizes
 
 

@@ -13,7 +13,6 @@ EntropyMode = Literal["exact", "topk", "full"]
 # Per call also `none`: no entropy (NaN), the baseline of benchmarks/policy.py.
 CallEntropyMode = Literal["exact", "topk", "full", "none"]
 _CALL_MODES = ("exact", "topk", "full", "none")
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _EXTENSION = "agentenv.policies._vllm_worker.WorkerExtension"
 # Keys of `engine_kwargs` that would break what this package relies on.
 _OWNED_ENGINE_KEYS = ("logprobs_mode", "max_logprobs", "worker_extension_cls")
@@ -87,8 +86,6 @@ class VLLMPolicyConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("policy.model", "must name a model folder or hub id, got an empty string")
-        if self.dtype not in _DTYPES:
-            raise ConfigError("policy.dtype", f"must be one of {list(_DTYPES)}, got {self.dtype!r}")
         _positive_int("policy.tensor_parallel_size", self.tensor_parallel_size)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
@@ -102,8 +99,6 @@ class VLLMPolicyConfig:
             _positive_int("policy.max_num_seqs", self.max_num_seqs)
         if self.block_size is not None:
             _positive_int("policy.block_size", self.block_size)
-        if self.entropy_mode not in ("exact", "topk", "full"):
-            raise ConfigError("policy.entropy_mode", f"must be exact, topk or full, got {self.entropy_mode!r}")
         _positive_int("policy.entropy_topk", self.entropy_topk)
         _positive_int("policy.weight_chunk_mb", self.weight_chunk_mb)
         _positive_int("policy.stop_check_interval", self.stop_check_interval)

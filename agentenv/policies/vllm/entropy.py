@@ -29,7 +29,8 @@ class EntropyEstimate:
     @property
     def max_error(self) -> np.ndarray:
         """(n,) the bound on |estimate - exact|: half the interval."""
-        return (self.upper - self.lower) / 2
+        half: np.ndarray = (self.upper - self.lower) / 2
+        return half
 
 
 def exact_entropy(logprobs: np.ndarray) -> np.ndarray:
@@ -44,7 +45,8 @@ def exact_entropy(logprobs: np.ndarray) -> np.ndarray:
     logprobs = np.asarray(logprobs, dtype=np.float64)
     finite = np.isfinite(logprobs)
     safe = np.where(finite, logprobs, 0.0)  # -inf * 0 would be nan
-    return -(np.exp(safe) * safe * finite).sum(-1)
+    entropy: np.ndarray = -(np.exp(safe) * safe * finite).sum(-1)
+    return entropy
 
 
 def topk_entropy(

@@ -6,31 +6,30 @@ import asyncio
 import atexit
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
+from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
 from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
-from agentenv.types import FinishReason, Generation, SamplingParams
+from agentenv.types import FinishReason, Generation, SamplingParams, Tokenizer
 
 
 @dataclass
-class _Counters:
-    requests: int = 0
+class _Counters(BackendStats):
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
     weight_updates: int = 0
     resumed_requests: int = 0  # requests a push aborted, gone on under the new weights
 
 
 
-class VLLMPolicy:
+class VLLMPolicy(PolicyBackend):
     """A vLLM engine as a `Policy`.
 
     Args:
@@ -38,16 +37,12 @@ class VLLMPolicy:
         tokenizer: An already built tokenizer (skips loading one).
     """
 
-    def __init__(self, config: VLLMPolicyConfig, tokenizer: Any = None):
+    def __init__(self, config: VLLMPolicyConfig, tokenizer: Tokenizer | None = None):
         _import_vllm()
         self.config = config
         self.weight_version = 0
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        self.tokenizer = tokenizer
-        self._counters = _Counters()
+        self.tokenizer = tokenizer if tokenizer is not None else load_hf_tokenizer(config.model, config.tokenizer)
+        self.stats: _Counters = _Counters()
         self._piece_cache: dict[int, str] = {}  # token id -> its text alone (stop-string prefilter)
         self._closed = False
         # The push's handshake with `_request` (both on the engine loop): no add while a push is under way.
@@ -120,20 +115,13 @@ class VLLMPolicy:
         async def _all() -> list[Generation]:
             return list(await asyncio.gather(*(self._agenerate(p, params, mode) for p in checked)))
 
-        return self._loop.run(_all())
+        gens: list[Generation] = self._loop.run(_all())
+        return gens
 
     def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("generate() needs a non-empty prompt")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} "
-                "(the env's context budget should end the episode before this)"
-            )
-        return prompt_ids
+        return super()._check_prompt(prompt_ids)
 
     def _check_mode(self, mode: CallEntropyMode | None) -> CallEntropyMode:
         mode = mode or self.config.entropy_mode
@@ -183,7 +171,7 @@ class VLLMPolicy:
         stop_string: str | None = None
         last = None  # the last CompletionOutput seen
         last_chars = _filterable_last_chars(params.stop)
-        c = self._counters
+        c = self.stats
         while True:
             left = params.max_tokens - len(token_ids)
             context = prompt_ids + token_ids
@@ -276,19 +264,6 @@ class VLLMPolicy:
             text = self._piece_cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return any(c in text for c in chars)
 
-    def _find_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> str | None:
-        """The stop string that the last token completed, if any.
-
-        Called after every token, so a stop string first shows up in the tail
-        window when its last token lands. The window covers the longest stop
-        string (a character is at most 4 byte-level tokens). Several at once:
-        the one that starts first wins (as in hf).
-        """
-        window = 4 * max(len(s) for s in stops) + 4
-        text = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
-        found = [(text.find(s), s) for s in stops if s in text]
-        return min(found)[1] if found else None
-
     # ------------------------------------------------------------------ weights
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
@@ -331,7 +306,7 @@ class VLLMPolicy:
         """`load_weights` with the tensors broadcast by the group's rank 0 (the GPU path; blocks until they arrived)."""
         self._update(lambda: self._loop.run(self._engine.collective_rpc("agentenv_nccl_receive")))
 
-    def _update(self, transfer: Any) -> None:
+    def _update(self, transfer: Callable[[], None]) -> None:
         """Pause (`_pause`), transfer and load, reset the prefix cache, bump the version, resume."""
         if self._closed:
             raise RuntimeError("VLLMPolicy is closed")
@@ -347,7 +322,7 @@ class VLLMPolicy:
             raise
         finally:
             self._loop.run(self._resume())
-        self._counters.weight_updates += 1
+        self.stats.weight_updates += 1
 
     async def _pause(self) -> None:
         """Stop new requests, let the adds under way reach the engine, then pause it.
@@ -380,20 +355,15 @@ class VLLMPolicy:
         `resumed_requests` counts requests a weight push aborted that went on
         under the new weights.
         """
-        c = self._counters
+        c = self.stats
         return {
+            **super().metrics(),
             "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "requests": float(c.requests),
-            "prompt_tokens": float(c.prompt_tokens),
-            "cached_prompt_tokens": float(c.cached_prompt_tokens),
-            "generated_tokens": float(c.generated_tokens),
-            "weight_updates": float(c.weight_updates),
-            "resumed_requests": float(c.resumed_requests),
             "unfinished_requests": float(self._engine.get_num_unfinished_requests()) if not self._closed else 0.0,
         }
 
     def reset_metrics(self) -> None:
-        self._counters = _Counters(weight_updates=self._counters.weight_updates)
+        self.stats = _Counters(weight_updates=self.stats.weight_updates)
 
     def close(self) -> None:
         """Shut the engine's processes down. Idempotent."""
@@ -411,12 +381,6 @@ class VLLMPolicy:
             self._reaper.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
-
-    def __enter__(self) -> VLLMPolicy:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _filterable_last_chars(stops: tuple[str, ...]) -> frozenset[str] | None:

@@ -41,7 +41,7 @@ from typing import Any, cast
 from agentenv.envs.chat import ChatTemplate
 from agentenv.errors import ConfigError
 from agentenv.policies.base import Policy
-from agentenv.types import Generation, SamplingParams, Segment, Trajectory, _new_uid
+from agentenv.types import Generation, SamplingParams, Segment, Tokenizer, Trajectory, _new_uid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -128,15 +128,14 @@ def parse_tool_calls(text: str, tool_names: Sequence[str]) -> tuple[str | None, 
     return (content or None) if calls else content, calls
 
 
-def longest_token_chars(tokenizer: Any) -> int:
+def longest_token_chars(tokenizer: Tokenizer) -> int:
     """The most characters of text one token stands for (its longest vocabulary entry; at least 1).
 
     A byte-level entry is as long as its bytes, a text is at least as long in
     bytes as in characters, and added tokens are in the vocabulary: so a text of
     c characters is at least c / this many tokens.
     """
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return max((len(k) for k in vocab), default=64) or 1
+    return max((len(k) for k in tokenizer.get_vocab()), default=64) or 1
 
 
 @dataclass
@@ -211,8 +210,7 @@ class EpisodeRecord:
         self._by_call_id: dict[str, tuple[str, str, tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self._by_content: dict[Any, str] = {}  # (content, calls) -> raw text
         self._lock = threading.Lock()  # held by `record` while it changes the trajectories, by `prepare` to read them
-        eos = getattr(chat.tokenizer, "eos_token_id", None)
-        self._eos_id: int | None = eos
+        self._eos_id: int | None = chat.tokenizer.eos_token_id
 
     # ---- messages -----------------------------------------------------
     def canonical(self, messages: Any) -> tuple[list[dict[str, Any]], int]:

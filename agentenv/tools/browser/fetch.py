@@ -18,6 +18,7 @@ from agentenv.tools.browser.config import BrowserConfig
 from agentenv.tools.browser.extract import classify, unsupported_message
 from agentenv.tools.browser.guard import AddressPolicy, BlockedAddress, GuardedResolver
 from agentenv.tools.browser.page import PageError, RawPage
+from agentenv.tools.sessions import LoopSessions
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
@@ -58,29 +59,20 @@ class Fetcher:
     def __init__(self, config: BrowserConfig):
         self.config = config
         self.policy = AddressPolicy(config.allow_hosts, config.allow_private)
-        # id(loop) -> (loop, session): a session belongs to the loop it was made
-        # in, and a sync caller may run each call in a fresh loop.
-        self._sessions: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]] = {}
+        self.sessions = LoopSessions(self._new_session)  # a sync caller may run each call in a fresh loop
         self.requests = 0
         """HTTP requests sent (redirect hops included)."""
 
-    def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        entry = self._sessions.get(id(loop))
-        if entry is None or entry[0] is not loop or entry[1].closed:
-            self._sessions = {k: v for k, v in self._sessions.items() if not v[0].is_closed()}
-            cfg = self.config
-            connector = aiohttp.TCPConnector(limit=cfg.max_concurrency, resolver=GuardedResolver(self.policy))
-            session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
-                headers={"User-Agent": cfg.user_agent, "Accept": _ACCEPT, "Accept-Language": "en;q=1.0, *;q=0.5"},
-                cookie_jar=aiohttp.DummyCookieJar(),  # no state shared between episodes
-                trust_env=False,  # an environment proxy would bypass the address checks
-            )
-            entry = (loop, session)
-            self._sessions[id(loop)] = entry
-        return entry[1]
+    def _new_session(self) -> aiohttp.ClientSession:
+        cfg = self.config
+        connector = aiohttp.TCPConnector(limit=cfg.max_concurrency, resolver=GuardedResolver(self.policy))
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
+            headers={"User-Agent": cfg.user_agent, "Accept": _ACCEPT, "Accept-Language": "en;q=1.0, *;q=0.5"},
+            cookie_jar=aiohttp.DummyCookieJar(),  # no state shared between episodes
+            trust_env=False,  # an environment proxy would bypass the address checks
+        )
 
     async def fetch(self, url: str) -> RawPage:
         """Fetch `url`, following redirects.
@@ -93,7 +85,7 @@ class Fetcher:
         current = start
         seen = {current}
         progress = [0]  # body bytes read so far, for the timeout message
-        session = self._session()
+        session = self.sessions.get()
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 for hop in range(cfg.max_redirects + 1):
@@ -166,11 +158,7 @@ class Fetcher:
         await self.policy.check(u.raw_host or "", u.port or (443 if u.scheme == "https" else 80))
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        for lp, session in list(self._sessions.values()):
-            if lp is loop and not session.closed:
-                await session.close()
-        self._sessions.clear()
+        await self.sessions.aclose()
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int, progress: list[int]) -> tuple[bytes, bool]:

@@ -14,7 +14,7 @@ import re
 import time
 
 from agentenv.errors import ToolError
-from agentenv.tools.base import Tool
+from agentenv.tools.base import Tool, description_of, schema_of
 from agentenv.tools.browser.page import PageError
 from agentenv.tools.browser.tool import BrowserTool
 from agentenv.types import ToolResult
@@ -57,8 +57,8 @@ class FollowSearchTool:
         self.top_k = top_k
         self.passage_chars = passage_chars
         self.name = search.name
-        self.description = getattr(search, "description", None)
-        self.schema = getattr(search, "schema", None)
+        self.description = description_of(search)
+        self.schema = schema_of(search)
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()

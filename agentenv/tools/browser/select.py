@@ -137,7 +137,7 @@ def select_passage(text: str, goal: str, max_chars: int) -> Selection:
     return _grow(text, spans, i, j, max_chars, s, matched)
 
 
-def _grow(text: str, spans: list[tuple[int, int]], i: int, j: int, max_chars: int, s: float, matched) -> Selection:
+def _grow(text: str, spans: list[tuple[int, int]], i: int, j: int, max_chars: int, s: float, matched: tuple[str, ...]) -> Selection:
     grew = True
     while grew:
         grew = False

@@ -8,20 +8,36 @@ an infrastructure fault (`ToolError`), not the agent's.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agentenv.errors import ToolError
-from agentenv.types import SamplingParams, Tokenizer
+from agentenv.tools.sessions import LoopSessions
+from agentenv.types import Generation, SamplingParams, Tokenizer
 
-if TYPE_CHECKING:  # tools import no policy at run time (tests/test_layering.py)
-    from agentenv.policies.base import Policy
+if TYPE_CHECKING:  # pragma: no cover
+    import aiohttp
 
 SYSTEM_PROMPT = "You read web pages for a research assistant and report only what the page says."
 NOTHING_RELEVANT = "No relevant information."
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What a summarizer needs of a model: a `Policy`'s tokenizer and `generate` (tools import no policy)."""
+
+    tokenizer: Tokenizer
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+
+@runtime_checkable
+class KnowsContext(Protocol):
+    """A model that says its context length (the hf and vLLM backends do)."""
+
+    max_model_len: int
 
 
 @runtime_checkable
@@ -64,7 +80,7 @@ class PolicySummarizer:
         seed: Sampling seed (the same passage and goal give the same summary).
     """
 
-    def __init__(self, policy: Policy, max_tokens: int = 512, input_tokens: int = 3072, temperature: float = 0.0, seed: int = 0):
+    def __init__(self, policy: Generator, max_tokens: int = 512, input_tokens: int = 3072, temperature: float = 0.0, seed: int = 0):
         self.policy = policy
         self.tokenizer = policy.tokenizer
         self.params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
@@ -82,7 +98,7 @@ class PolicySummarizer:
         """
         tok = self.tokenizer
         budget = self.input_tokens
-        limit = getattr(self.policy, "max_model_len", None) or getattr(tok, "model_max_length", None)
+        limit = (self.policy.max_model_len if isinstance(self.policy, KnowsContext) else None) or tok.model_max_length
         if isinstance(limit, int) and limit < 10**7:  # HF's "unknown" is ~1e30
             room = limit - len(self._render(goal, title, url, "")) - self.params.max_tokens - 4
             if room < 16:
@@ -102,7 +118,7 @@ class PolicySummarizer:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": summary_request(goal, title, url, passage)},
         ]
-        if getattr(tok, "chat_template", None):
+        if tok.chat_template:
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = f"{SYSTEM_PROMPT}\n\n{messages[1]['content']}\n\nRelevant information:"
@@ -123,9 +139,10 @@ class PolicySummarizer:
 def _encode(tok: Tokenizer, text: str) -> list[int]:
     # verbose=False: a page longer than the model's context is expected here (it is cut next).
     try:
-        return tok.encode(text, add_special_tokens=False, verbose=False)
+        ids: list[int] = tok.encode(text, add_special_tokens=False, verbose=False)
     except TypeError:  # a tokenizer without the HF keyword
-        return tok.encode(text, add_special_tokens=False)
+        ids = tok.encode(text, add_special_tokens=False)
+    return ids
 
 
 class EndpointSummarizer:
@@ -158,18 +175,12 @@ class EndpointSummarizer:
         self.input_chars = input_chars
         self.temperature = temperature
         self.timeout_s = timeout_s
-        self._sessions: dict[int, Any] = {}
+        self.sessions = LoopSessions(self._new_session)
 
-    def _session(self):
+    def _new_session(self) -> aiohttp.ClientSession:
         import aiohttp
 
-        loop = asyncio.get_running_loop()
-        entry = self._sessions.get(id(loop))
-        if entry is None or entry[0] is not loop or entry[1].closed:
-            self._sessions = {k: v for k, v in self._sessions.items() if not v[0].is_closed()}
-            entry = (loop, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)))
-            self._sessions[id(loop)] = entry
-        return entry[1]
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
     async def summarize(self, goal: str, title: str, url: str, passage: str) -> str:
         import aiohttp
@@ -188,7 +199,7 @@ class EndpointSummarizer:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         try:
-            async with self._session().post(self.url, json=body, headers=headers) as resp:
+            async with self.sessions.get().post(self.url, json=body, headers=headers) as resp:
                 if resp.status != 200:
                     detail = (await resp.text())[:200]
                     raise ToolError(
@@ -205,8 +216,4 @@ class EndpointSummarizer:
         return clean_summary(content)
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        for lp, session in list(self._sessions.values()):
-            if lp is loop and not session.closed:
-                await session.close()
-        self._sessions.clear()
+        await self.sessions.aclose()

@@ -18,8 +18,9 @@ import asyncio
 import copy
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from agentenv.errors import ToolError
 from agentenv.tools.browser.config import BrowserConfig
@@ -27,8 +28,10 @@ from agentenv.tools.browser.extract import extract_page
 from agentenv.tools.browser.fetch import Fetcher, normalize_url
 from agentenv.tools.browser.page import Page, PageError
 from agentenv.tools.browser.select import select_passage
-from agentenv.tools.browser.summarize import PolicySummarizer, Summarizer
+from agentenv.tools.browser.summarize import Generator, PolicySummarizer, Summarizer
 from agentenv.types import ToolErrorKind, ToolResult
+
+R = TypeVar("R")
 
 QUERY_FORMAT = (
     'Write <browse>URL | goal</browse>, e.g. <browse>https://en.wikipedia.org/wiki/Eiffel_Tower | '
@@ -230,7 +233,7 @@ class BrowserTool:
         return page, False
 
     @staticmethod
-    async def _cache_call(fn, *args):
+    async def _cache_call(fn: Callable[..., R], *args: object) -> R:
         try:
             return await asyncio.to_thread(fn, *args)
         except ToolError:
@@ -258,7 +261,7 @@ def as_summarizer(obj: Any, config: BrowserConfig) -> Summarizer | None:
     """None, a `Summarizer`, or a `Policy` wrapped with the config's budgets."""
     if obj is None or isinstance(obj, Summarizer):
         return obj
-    if hasattr(obj, "generate") and hasattr(obj, "tokenizer"):
+    if isinstance(obj, Generator):
         return PolicySummarizer(
             obj,
             max_tokens=config.summary_max_tokens,

@@ -93,12 +93,12 @@ class ServerProcess:
         self.session: Any = None
         self.restarts = 0
         self._stop: asyncio.Event | None = None
-        self._holder: asyncio.Task | None = None
+        self._holder: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self.generation = 0  # starts so far: a failed call restarts only the session it used
         self.transport_error: Exception | None = None  # the last message the client could not parse, if any
 
-    async def _hold(self, ready: asyncio.Future) -> None:
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
         from mcp import ClientSession
 
         self._stop = asyncio.Event()
@@ -147,7 +147,7 @@ class ServerProcess:
     async def start(self) -> None:
         """Start the server and open its session (on the hub's loop)."""
         self.generation += 1
-        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._holder = asyncio.ensure_future(self._hold(ready))
         try:
             await asyncio.wait_for(ready, self.config.startup_timeout_s)
@@ -414,7 +414,7 @@ class MCPTool:
         if process is None:
             raise ToolError(f"{self.name}: a stateful MCP tool's prototype is not called; an episode forks it first")
         text_cap = self.owner.config.max_result_chars
-        result = await self.owner.hub.call(process.call(self.name, args, self.owner.config.call_timeout_s))
+        result: ToolResult = await self.owner.hub.call(process.call(self.name, args, self.owner.config.call_timeout_s))
         if len(result.text) > text_cap:
             result.text = result.text[:text_cap]
         return result

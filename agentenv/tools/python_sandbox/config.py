@@ -107,8 +107,6 @@ class PythonSandboxConfig:
     def __post_init__(self) -> None:
         if not self.image or not isinstance(self.image, str):
             raise ConfigError(f"{_KEY}.image", f"must be a non-empty image name, got {self.image!r}")
-        if self.mode not in ("stateless", "session"):
-            raise ConfigError(f"{_KEY}.mode", f"must be 'stateless' or 'session', got {self.mode!r}")
         for key, (lo, hi, integer) in _RANGES.items():
             check_range(f"{_KEY}.{key}", getattr(self, key), lo, hi, integer=integer)
         if self.address_space_factor != 0 and self.address_space_factor < 1:

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -141,7 +141,7 @@ def _slim(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock():
+def _build_lock() -> Iterator[None]:
     cache = Path(os.environ.get("AGENTENV_CACHE", Path.home() / ".cache" / "agentenv"))
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "sandbox-image.lock", "w") as f:

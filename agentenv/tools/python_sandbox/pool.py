@@ -43,15 +43,18 @@ import os
 import socket
 import uuid
 import weakref
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields, replace
 from importlib import resources
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from agentenv._loops import LoopThread
 from agentenv._reaper import reap_containers_on_exit
 from agentenv.errors import ToolError
 from agentenv.tools.python_sandbox._docker import SETUP_HINT, docker_client, require_image
 from agentenv.tools.python_sandbox.config import PythonSandboxConfig, call_timeout
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +225,6 @@ def _owner_alive(owner: str) -> bool:
     return _start_time(int(pid)) == start
 
 
-def _retrieve(fut: concurrent.futures.Future) -> None:
-    """Reads a future's exception nobody awaits any more (so it is not logged as lost)."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 class _Family:
     """A session and the sessions forked from it: one uid inside, one slot of a container."""
 
@@ -245,19 +242,19 @@ class _Channel:
         self._keep = keep  # the SDK's socket wrapper (and HTTP response) must outlive the stream
         self.reader, self.writer = reader, writer
         self.ids = itertools.count(1)
-        self.pending: dict[int, concurrent.futures.Future] = {}
+        self.pending: dict[int, concurrent.futures.Future[Any]] = {}
         self.families: set[_Family] = set()  # open sessions (with their forks)
         self.jobs = 0  # stateless calls in flight on a session-mode pool
         self.closed = False
         self.on_close: Any = None  # the pool's callback when the stream ends
         self.stderr_tail = b""
-        self.reader_task: asyncio.Task | None = None
+        self.reader_task: asyncio.Task[Any] | None = None
 
     @property
     def load(self) -> int:
         return len(self.families) + self.jobs
 
-    def send(self, msg: dict[str, Any], fut: concurrent.futures.Future) -> None:
+    def send(self, msg: dict[str, Any], fut: concurrent.futures.Future[Any]) -> None:
         """Sends one request; `fut` gets the reply dict. Pool loop only."""
         if self.closed:
             _set_exc(fut, _ChannelClosed(f"container {self.short} is gone"))
@@ -319,7 +316,7 @@ class _Channel:
             await asyncio.gather(task, return_exceptions=True)
 
 
-def _set_exc(fut: concurrent.futures.Future, exc: BaseException) -> None:
+def _set_exc(fut: concurrent.futures.Future[Any], exc: BaseException) -> None:
     if not fut.done():
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             fut.set_exception(exc)
@@ -359,9 +356,9 @@ class SandboxPool:
         self._io_thread: LoopThread | None = None  # started on first use
         self._client: Any = None
         self._channels: list[_Channel] = []
-        self._idle: asyncio.Queue | None = None  # stateless leases, created in the pool loop
+        self._idle: asyncio.Queue[_Channel | None] | None = None  # stateless leases, created in the pool loop
         self._changed: asyncio.Event | None = None  # set (and renewed) when a slot or container frees up
-        self._start_task: asyncio.Task | None = None  # the one start, on the pool loop (see `_start`)
+        self._start_task: asyncio.Task[Any] | None = None  # the one start, on the pool loop (see `_start`)
         self._closing: asyncio.Event | None = None  # set by a close: replacements stop retrying
         self._started = False
         self._closed = False
@@ -369,7 +366,7 @@ class SandboxPool:
         self._container_ids: set[str] = set()
         self._owner = _owner_id()
         self._runner_src = runner_source()
-        self._replacing: set[asyncio.Task] = set()  # replacements in flight
+        self._replacing: set[asyncio.Task[Any]] = set()  # replacements in flight
         _LIVE_POOLS.add(self)
 
     @property
@@ -432,19 +429,19 @@ class SandboxPool:
 
     # -- internals -------------------------------------------------------------
 
-    async def _call(self, coro):
+    async def _call(self, coro: Coroutine[Any, Any, R]) -> R:
         """Runs `coro` on the pool loop and awaits it from the caller's loop."""
         if self._io.in_loop():
             return await coro
         return await asyncio.wrap_future(self._io.submit(coro))
 
-    def _send(self, ch: _Channel, msg: dict[str, Any]) -> concurrent.futures.Future:
+    def _send(self, ch: _Channel, msg: dict[str, Any]) -> concurrent.futures.Future[Any]:
         """Queues one frame to `ch` in submission order; the future gets the reply. Any thread."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._io.call_soon(ch.send, msg, fut)
         return fut
 
-    async def _await_reply(self, ch: _Channel, fut: concurrent.futures.Future, budget: float) -> Any:
+    async def _await_reply(self, ch: _Channel, fut: concurrent.futures.Future[Any], budget: float) -> Any:
         """The reply to a request that should come within `budget` s. Any loop.
 
         Raises:
@@ -474,7 +471,7 @@ class SandboxPool:
         except (TimeoutError, _ChannelClosed):
             return False
 
-    async def _blocking(self, fn, *args):
+    async def _blocking(self, fn: Callable[..., R], *args: object) -> R:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     def _notify(self) -> None:
@@ -658,7 +655,7 @@ class SandboxPool:
             reader, writer = await asyncio.open_connection(sock=sock, limit=_STREAM_LIMIT)
             ch = _Channel(cid, keep, reader, writer)
             ch.reader_task = asyncio.get_running_loop().create_task(ch.read_loop())
-            fut: concurrent.futures.Future = concurrent.futures.Future()
+            fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
             ch.send({"op": "hello"}, fut)
             hello = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.start_timeout_s)
             if not isinstance(hello, dict) or hello.get("ok") is not True:
@@ -782,7 +779,7 @@ class SandboxPool:
         return result
 
     async def _exec(
-        self, ch: _Channel, msg_or_fut: dict[str, Any] | concurrent.futures.Future, timeout: float
+        self, ch: _Channel, msg_or_fut: dict[str, Any] | concurrent.futures.Future[Any], timeout: float
     ) -> ExecResult:
         """The result of a stateless call (sent now if given as a message)."""
         fut = self._send(ch, msg_or_fut) if isinstance(msg_or_fut, dict) else msg_or_fut
@@ -903,7 +900,7 @@ class SandboxSession:
         pool: SandboxPool,
         channel: _Channel,
         sid: str,
-        created: concurrent.futures.Future | None = None,
+        created: concurrent.futures.Future[Any] | None = None,
         *,
         family: _Family | None = None,
     ):

@@ -5,6 +5,8 @@ with `make_search_tool(SearchToolConfig(...))`; web providers, dense retrieval
 and the cache load their dependencies only when asked for.
 """
 
+from typing import Any
+
 from agentenv.tools.search.bm25 import BM25Retriever
 from agentenv.tools.search.cache import CachedSearchTool, SearchCache
 from agentenv.tools.search.config import SearchToolConfig, make_search_tool
@@ -31,7 +33,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Web clients pull in aiohttp, dense pulls in faiss and torch: import on first use.
     lazy = {
         "BingSearchTool": "agentenv.tools.search.bing",

@@ -39,7 +39,7 @@ class BingSearchTool(HTTPSearchTool):
 
     provider = "bing"
 
-    def __init__(self, api_key: str | None = None, endpoint: str | None = None, market: str | None = None, **kwargs):
+    def __init__(self, api_key: str | None = None, endpoint: str | None = None, market: str | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         key = api_key or next((os.environ[v] for v in KEY_VARS if os.environ.get(v)), None)
         if not key:

@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class BM25Retriever:
     callers run it in a thread (see `LocalSearchTool`).
     """
 
-    def __init__(self, corpus: Corpus, bm25, build_s: float = 0.0, loaded: bool = False):
+    def __init__(self, corpus: Corpus, bm25: Any, build_s: float = 0.0, loaded: bool = False):
         self.corpus = corpus
         self._bm25 = bm25
         self._vocab: dict[str, int] = bm25.vocab_dict
@@ -113,7 +114,7 @@ class BM25Retriever:
         return out
 
 
-def _build(corpus: Corpus, k1: float, b: float):
+def _build(corpus: Corpus, k1: float, b: float) -> Any:
     import bm25s
 
     tokens = [tokenize(f"{p.title} {p.text}") for p in corpus.passages]
@@ -122,7 +123,7 @@ def _build(corpus: Corpus, k1: float, b: float):
     return bm25
 
 
-def _try_load(index_dir: Path, params: dict):
+def _try_load(index_dir: Path, params: dict[str, Any]) -> Any:
     saved = read_manifest(index_dir)
     if saved is None:
         return None

@@ -21,10 +21,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentenv.errors import ToolError
-from agentenv.types import ToolResult
+from agentenv.tools.base import HealthChecked, Tool, description_of, schema_of
+from agentenv.types import HasMetrics, ToolResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -159,7 +160,8 @@ class SearchCache:
             ) from e
 
     def __len__(self) -> int:
-        return self._conn().execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        count: int = self._conn().execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return count
 
     def stats(self) -> dict[str, float]:
         """Hit and miss counts of this process, and the hit rate."""
@@ -191,6 +193,17 @@ def _fix_hint(e: BaseException) -> str:
     return "Check free disk space and permissions, or point `cache` at another file."
 
 
+class SearchTool(Tool, Protocol):
+    """A search tool a cache can key: its `provider` and what else decides its answers (`cache_params`)."""
+
+    provider: str
+
+    @property
+    def cache_params(self) -> dict[str, Any]: ...
+
+    def fork(self) -> SearchTool: ...
+
+
 class CachedSearchTool:
     """Wraps a search tool: answers repeated queries from the cache.
 
@@ -205,12 +218,12 @@ class CachedSearchTool:
         cache: The shared store.
     """
 
-    def __init__(self, tool, cache: SearchCache, _shared: dict | None = None):
+    def __init__(self, tool: SearchTool, cache: SearchCache, _shared: dict[str, Any] | None = None):
         self.tool = tool
         self.cache = cache
         self.name = tool.name
-        self.description = getattr(tool, "description", None)
-        self.schema = getattr(tool, "schema", None)
+        self.description = description_of(tool)
+        self.schema = schema_of(tool)
         self.provider = tool.provider
         self._params = dict(tool.cache_params)
         # In-flight fetches and counters, shared by every fork of this tool.
@@ -242,7 +255,7 @@ class CachedSearchTool:
             inflight[key] = task
             task.add_done_callback(lambda _t: inflight.pop(key, None))
         # shield: one waiter's timeout must not cancel the call the others wait on.
-        res = await asyncio.shield(task)
+        res: ToolResult = await asyncio.shield(task)
         return dataclasses.replace(
             res, latency_s=time.perf_counter() - t0, metadata={**res.metadata, "cache": "coalesced" if joined else "miss"}
         )
@@ -255,16 +268,15 @@ class CachedSearchTool:
 
     def metrics(self) -> dict[str, float]:
         """`search/cache_hits`, `_misses`, `_hit_rate`, `_coalesced` (misses that joined a call in flight), and the inner tool's."""
-        inner = self.tool.metrics() if hasattr(self.tool, "metrics") else {}
+        inner = self.tool.metrics() if isinstance(self.tool, HasMetrics) else {}
         ours = {f"search/cache_{k}": v for k, v in self.cache.stats().items()}
         ours["search/cache_coalesced"] = self._shared["coalesced"]
         return {**inner, **ours}
 
     async def health_check(self) -> None:
         """The wrapped tool's check, past the cache (a cached answer proves nothing about the provider)."""
-        check = getattr(self.tool, "health_check", None)
-        if check is not None:
-            await check()
+        if isinstance(self.tool, HealthChecked):
+            await self.tool.health_check()
 
     def fork(self) -> CachedSearchTool:
         return CachedSearchTool(self.tool.fork(), self.cache, self._shared)

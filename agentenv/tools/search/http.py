@@ -16,7 +16,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentenv.errors import ToolError
 from agentenv.tools.search.format import (
@@ -31,7 +31,11 @@ from agentenv.tools.search.format import (
     refuse_query,
 )
 from agentenv.tools.search.ratelimit import TokenBucket
+from agentenv.tools.sessions import LoopSessions
 from agentenv.types import ToolResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import aiohttp
 
 OnError = Literal["raise", "result"]
 
@@ -56,7 +60,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         d = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-        return d / 2 + random.uniform(0, d / 2)
+        return float(d / 2 + random.uniform(0, d / 2))
 
 
 class _Rejected(Exception):
@@ -73,17 +77,10 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-@dataclass
-class _LoopState:
-    loop: asyncio.AbstractEventLoop
-    session: Any  # aiohttp.ClientSession
-    semaphore: asyncio.Semaphore
-
-
 class HTTPSearchTool(abc.ABC):
     """Base of the web providers. Subclasses set `provider` and implement `_request` and `_parse`.
 
-    One aiohttp session and one concurrency semaphore per event loop, shared by
+    One aiohttp session and one concurrency limit per event loop, shared by
     every fork. `fork()` returns a handle on the same pool whose `aclose` does
     nothing; the prototype's `aclose` closes the pool.
 
@@ -124,7 +121,7 @@ class HTTPSearchTool(abc.ABC):
         self.concurrency = concurrency
         self.limiter = limiter
         self.on_error = on_error
-        self._states: dict[int, _LoopState] = {}
+        self.sessions = LoopSessions(self._new_session, concurrency)
         self._owner = True
         self._stats = {"requests": 0, "retries": 0, "failures": 0}  # shared by every fork
 
@@ -176,45 +173,19 @@ class HTTPSearchTool(abc.ABC):
         return out
 
     def fork(self) -> HTTPSearchTool:
-        handle = copy.copy(self)  # shares _states (sessions, semaphores) and the limiter
+        handle = copy.copy(self)  # shares the sessions and the limiter
         handle._owner = False
         return handle
 
     async def aclose(self) -> None:
-        if not self._owner:
-            return
-        self._drop_dead_loops()
-        loop = asyncio.get_running_loop()
-        for key, st in list(self._states.items()):
-            if st.loop is loop:
-                await st.session.close()
-                del self._states[key]
-
-    def _drop_dead_loops(self) -> None:
-        """Forget pools whose event loop was closed (a caller may run each call in a fresh loop).
-
-        Their sessions cannot be awaited closed any more; marking the connector
-        closed keeps it from warning about connections that died with the loop.
-        """
-        for key in [k for k, s in self._states.items() if s.loop.is_closed()]:
-            session = self._states.pop(key).session
-            connector = session.connector
-            if connector is not None and hasattr(connector, "_close"):
-                connector._close()
-            session.detach()
+        if self._owner:
+            await self.sessions.aclose()
 
     # -- transport -----------------------------------------------------------
-    def _state(self) -> _LoopState:
+    def _new_session(self) -> aiohttp.ClientSession:
         import aiohttp
 
-        loop = asyncio.get_running_loop()
-        st = self._states.get(id(loop))
-        if st is None or st.loop is not loop or st.session.closed:
-            self._drop_dead_loops()
-            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.retry.timeout_s))
-            st = _LoopState(loop, session, asyncio.Semaphore(self.concurrency))
-            self._states[id(loop)] = st
-        return st
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.retry.timeout_s))
 
     async def _search(self, query: str) -> list[Passage]:
         """One search with retries. Raises `_Rejected` (agent's fault) or `ToolError`."""
@@ -249,11 +220,10 @@ class HTTPSearchTool(abc.ABC):
         url, params, headers = self._request(query)
         if self.limiter is not None:
             await self.limiter.acquire()
-        st = self._state()
-        async with st.semaphore:
+        async with self.sessions.slot():
             self._stats["requests"] += 1
             try:
-                async with st.session.get(url, params=params, headers=headers) as resp:
+                async with self.sessions.get().get(url, params=params, headers=headers) as resp:
                     status = resp.status
                     retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
                     body = await self._read_capped(resp)

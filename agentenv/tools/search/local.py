@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agentenv.errors import ToolError
+from agentenv.tools.search.corpus import Corpus
 from agentenv.tools.search.format import (
     DEFAULT_K,
     DEFAULT_MAX_CHARS,
@@ -25,6 +26,21 @@ class Retriever(Protocol):
     """Anything that ranks a corpus for a query (sync CPU work)."""
 
     def search(self, query: str, k: int) -> list[Passage]: ...
+
+
+@runtime_checkable
+class IndexedRetriever(Protocol):
+    """A retriever over a corpus file (BM25, dense): the corpus and its scoring parameters decide its answers."""
+
+    corpus: Corpus
+    params: dict[str, Any]
+
+    def search(self, query: str, k: int) -> list[Passage]: ...
+
+
+def corpus_digest(retriever: Retriever) -> str | None:
+    """The sha256 of the retriever's corpus file (None: a retriever over no file)."""
+    return retriever.corpus.sha256 if isinstance(retriever, IndexedRetriever) else None
 
 
 async def check_retriever(retriever: Retriever, query: str = "the") -> None:
@@ -64,22 +80,19 @@ class LocalSearchTool:
         self.provider = provider
 
     @classmethod
-    def from_corpus(cls, corpus_path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, **bm25_kwargs) -> LocalSearchTool:
+    def from_corpus(
+        cls, corpus_path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, **bm25_kwargs: Any
+    ) -> LocalSearchTool:
         """BM25 over `corpus_path`, loading or building the index beside it (see `BM25Retriever.from_corpus`)."""
         from agentenv.tools.search.bm25 import BM25Retriever
 
         return cls(BM25Retriever.from_corpus(corpus_path, **bm25_kwargs), k=k, max_chars=max_chars)
 
     @property
-    def cache_params(self) -> dict:
+    def cache_params(self) -> dict[str, Any]:
         """What, besides the query, decides this tool's answer (part of the cache key)."""
-        corpus = getattr(self.retriever, "corpus", None)
-        return {
-            "k": self.k,
-            "max_chars": self.max_chars,
-            "corpus": getattr(corpus, "sha256", None),
-            **getattr(self.retriever, "params", {}),
-        }
+        params = self.retriever.params if isinstance(self.retriever, IndexedRetriever) else {}
+        return {"k": self.k, "max_chars": self.max_chars, "corpus": corpus_digest(self.retriever), **params}
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()

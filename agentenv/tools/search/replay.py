@@ -20,6 +20,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from agentenv.cache import build_once, cache_root
 from agentenv.errors import ToolError
@@ -31,7 +32,7 @@ from agentenv.tools.search.format import (
     no_results_text,
     refuse_query,
 )
-from agentenv.tools.search.local import check_retriever
+from agentenv.tools.search.local import Retriever, check_retriever, corpus_digest
 from agentenv.types import ToolResult
 
 _PAGE_RE = re.compile(r"^Page \d+: ", re.MULTILINE)
@@ -102,7 +103,7 @@ class ReplaySearchTool:
     schema = SEARCH_SCHEMA
     provider = "replay"
 
-    def __init__(self, recording: dict[str, str], retriever, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS):
+    def __init__(self, recording: dict[str, str], retriever: Retriever, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS):
         self._recorded = {normalize_query(q): split_snippets(t) for q, t in recording.items()}
         self.retriever = retriever
         self.k = k
@@ -113,7 +114,7 @@ class ReplaySearchTool:
     @classmethod
     def from_file(
         cls, path: str | Path, k: int = DEFAULT_K, max_chars: int = DEFAULT_MAX_CHARS, index_dir: str | Path | None = None,
-        **bm25_kwargs,
+        **bm25_kwargs: Any,
     ) -> ReplaySearchTool:  # fmt: skip
         """Read a recording and load (or build once) the BM25 index of its snippets."""
         from agentenv.tools.search.bm25 import BM25Retriever
@@ -125,10 +126,9 @@ class ReplaySearchTool:
         return cls(recording, BM25Retriever.from_corpus(folder / "corpus.jsonl", index_dir=index, **bm25_kwargs), k, max_chars)
 
     @property
-    def cache_params(self) -> dict:
+    def cache_params(self) -> dict[str, Any]:
         """What, besides the query, decides the answer (part of a cache key)."""
-        corpus = getattr(self.retriever, "corpus", None)
-        return {"k": self.k, "max_chars": self.max_chars, "corpus": getattr(corpus, "sha256", None)}
+        return {"k": self.k, "max_chars": self.max_chars, "corpus": corpus_digest(self.retriever)}
 
     async def __call__(self, query: str) -> ToolResult:
         t0 = time.perf_counter()

@@ -26,7 +26,7 @@ class SearxngSearchTool(HTTPSearchTool):
 
     provider = "searxng"
 
-    def __init__(self, endpoint: str | None = None, language: str | None = None, categories: str | None = None, **kwargs):
+    def __init__(self, endpoint: str | None = None, language: str | None = None, categories: str | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         base = endpoint or os.environ.get(ENDPOINT_VAR)
         if not base:

@@ -11,19 +11,21 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def read_manifest(index_dir: Path) -> dict | None:
+def read_manifest(index_dir: Path) -> dict[str, Any] | None:
     """The folder's manifest, or None when missing or unreadable (a folder without one is never trusted)."""
     try:
-        return json.loads((index_dir / "manifest.json").read_text())
+        manifest: dict[str, Any] = json.loads((index_dir / "manifest.json").read_text())
+        return manifest
     except (OSError, ValueError):
         return None
 
 
-def publish(index_dir: Path, write: Callable[[Path], None], manifest: dict) -> bool:
+def publish(index_dir: Path, write: Callable[[Path], None], manifest: dict[str, Any]) -> bool:
     """Write an index into a temporary folder, add its manifest last, then rename it into place.
 
     Returns False (and logs) when the folder cannot be written; the index then lives in memory only.

@@ -86,7 +86,7 @@ async def test_search_then_browse_with_the_tiny_model_as_summarizer(tiny_path, s
     assert status[1] == "error" and status[0] != "error" and status[2] != "error"
     # The model ran on both opened pages (greedy, so the outcome is fixed for a given model); where
     # it wrote something, that text replaced the snippet and is bounded by summary_max_tokens.
-    assert policy.stats.finished == 2
+    assert policy.stats.requests == 2
     tok = policy.tokenizer
     for i in (0, 2):
         url, _, body = pages[i][1].partition("\n")

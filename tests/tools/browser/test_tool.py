@@ -143,7 +143,7 @@ async def test_fork_shares_the_pool_and_only_the_prototype_closes_it(site, cfg):
     assert (await fork(site.url("/article"))).ok
     await fork.aclose()  # an episode ended: the shared pool stays open
     assert (await proto(site.url("/plain"))).ok
-    session = next(iter(proto.fetcher._sessions.values()))[1]
+    (session,) = proto.fetcher.sessions.sessions()
     await proto.aclose()
     assert session.closed
 
@@ -153,7 +153,7 @@ def test_sync_callers_get_a_session_per_event_loop(threaded_site, cfg):
     for _ in range(2):  # each asyncio.run is a fresh loop
         r = asyncio.run(tool(threaded_site + "/page"))
         assert r.ok and "served from a thread" in r.text, r.error
-    assert len(tool.fetcher._sessions) == 1  # the dead loop's session was dropped
+    assert len(tool.fetcher.sessions.sessions()) == 1  # the dead loop's session was dropped
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean
 @pytest.mark.parametrize(
     ("kwargs", "key", "shown"),
     [
-        ({"mode": "notebook"}, "mode", "'notebook'"),
         ({"pool_size": 0}, "pool_size", "0"),
         ({"timeout_s": -1}, "timeout_s", "-1"),
         ({"memory_mb": 512, "workdir_size_mb": 600}, "workdir_size_mb", "600 MiB must be below memory_mb 512"),
@@ -34,6 +33,12 @@ def test_bad_values_name_key_and_value(kwargs, key, shown):
     with pytest.raises(ConfigError) as e:
         PythonSandboxConfig(**kwargs)
     assert e.value.key == f"python_sandbox.{key}" and shown in str(e.value)
+
+
+def test_a_mode_outside_its_literal_is_refused_where_options_are_read():
+    with pytest.raises(ConfigError) as e:
+        make_python_tool(mode="notebook")  # the loader checks Literal choices (the config class does not again)
+    assert e.value.key == "python_sandbox.mode" and "'notebook'" in str(e.value) and "'session'" in str(e.value)
 
 
 def test_options_suggest_the_closest_key():

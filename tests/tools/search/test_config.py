@@ -13,7 +13,6 @@ from agentenv.tools.search import LocalSearchTool, SearchToolConfig, make_search
 @pytest.mark.parametrize(
     "kwargs, key, shown",
     [
-        ({"provider": "google"}, "search.provider", "'google'"),
         ({"provider": "local"}, "search.corpus", "None"),
         ({"provider": "bing", "k": 0}, "search.k", "0"),
         ({"provider": "bing", "k": 80}, "search.k", "80"),
@@ -21,7 +20,6 @@ from agentenv.tools.search import LocalSearchTool, SearchToolConfig, make_search
         ({"provider": "bing", "rate": 0}, "search.rate", "0"),
         ({"provider": "bing", "timeout_s": 0}, "search.timeout_s", "0"),
         ({"provider": "bing", "max_retries": -1}, "search.max_retries", "-1"),
-        ({"provider": "bing", "on_error": "ignore"}, "search.on_error", "'ignore'"),
         ({"provider": "bing", "endpoint": "api.bing.com"}, "search.endpoint", "'api.bing.com'"),
         ({"provider": "local", "corpus": "c.jsonl", "bm25_b": 2.0}, "search.bm25_b", "2.0"),
     ],
@@ -30,6 +28,16 @@ def test_bad_values_name_key_and_value(kwargs, key, shown):
     with pytest.raises(ConfigError) as ei:
         SearchToolConfig(**kwargs)
     assert ei.value.key == key and shown in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, key, shown",
+    [({"provider": "google"}, "search.provider", "'google'"), ({"on_error": "ignore"}, "search.on_error", "'ignore'")],
+)
+def test_a_choice_outside_its_literal_is_refused_where_options_are_read(kwargs, key, shown):
+    with pytest.raises(ConfigError) as ei:
+        make_search_tool(**kwargs)  # the loader checks Literal choices (the config class does not again)
+    assert ei.value.key == key and shown in str(ei.value) and "must be one of" in str(ei.value)
 
 
 def test_unknown_key_suggests_the_closest():

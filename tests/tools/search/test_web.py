@@ -207,8 +207,8 @@ async def test_fork_shares_the_pool_and_only_the_prototype_closes_it(provider):
     assert child is not tool and isinstance(child, Tool)
     await child("a")
     await child.aclose()
-    assert (await tool("b")).ok and tool._states  # the fork's aclose left the pool open
-    (session,) = [s.session for s in tool._states.values()]
+    assert (await tool("b")).ok and tool.sessions.sessions()  # the fork's aclose left the pool open
+    (session,) = tool.sessions.sessions()
     await tool.aclose()
     assert session.closed
 
@@ -219,7 +219,7 @@ def test_sync_callers_with_fresh_loops(provider_sync):
     for _ in range(2):  # a sync caller may run each call in its own loop
         assert asyncio.run(tool("q")).ok
     asyncio.run(tool.aclose())
-    assert tool._states == {}
+    assert tool.sessions.sessions() == []
     gc.collect()  # sockets of the dead loops are reclaimed here, not in a later test
 
 
