@@ -3,9 +3,9 @@
 The policy in the trainer's process reaches them through the engine's
 `collective_rpc`. Two jobs:
 
-- weights: the trainer's weights are staged in chunks (safetensors bytes, so
-  any tensor dtype crosses the process boundary unchanged), then committed in
-  one in-place reload;
+- weights: the trainer's weights are staged in chunks (files in shared memory
+  that the policy wrote and each worker maps: only their paths cross the RPC),
+  then committed in one in-place reload;
 - entropy: `agentenv_install_entropy` makes the worker's sampler report each
   sampled token's exact entropy, computed here where the full distribution is
   (see `EntropySampler`), so no vocabulary-sized logprob lists leave the worker.
@@ -16,6 +16,7 @@ importable without side effects.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -34,16 +35,25 @@ _TAG = -(1 << 63)
 class WorkerExtension:
     """Mixed into each vLLM worker (one per tensor-parallel rank)."""
 
-    def agentenv_stage_weights(self, blob: bytes) -> int:
-        """Keep one chunk of checkpoint-format weights until the commit.
+    def agentenv_stage_weights(self, path: str, size: int, index: list[list[Any]]) -> int:
+        """Keep one file of weights (`agentenv.policies.vllm.engine.WeightFile`) until the commit.
+
+        The file is mapped, not read: each tensor is a view of the page cache
+        (copy-on-write, so a layer that processes its weights in place cannot
+        change the file), and the commit's load is the only copy. The mapping
+        outlives the file's name: the policy removes the file once this returns.
 
         Returns:
             How many tensors are staged so far.
         """
-        from safetensors.torch import load
+        import torch
 
+        mapped = torch.from_file(path, shared=False, size=max(size, 1), dtype=torch.uint8)
         staged = self.__dict__.setdefault("_agentenv_staged", {})
-        staged.update(load(blob))
+        for name, dtype, shape, offset in index:
+            to = getattr(torch, dtype)
+            n = to.itemsize * math.prod(shape)
+            staged[name] = mapped[offset : offset + n].view(to).view(shape)
         return len(staged)
 
     def agentenv_commit_weights(self) -> int:

@@ -1,10 +1,10 @@
-"""Engine plumbing: importing vLLM, its engine arguments, weights as safetensors chunks."""
+"""Engine plumbing: importing vLLM, its engine arguments, weights as files for its workers to map."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentenv.errors import InfraError
 from agentenv.policies.vllm.config import _EXTENSION, VLLMPolicyConfig
@@ -81,20 +81,85 @@ def _strip_wrapper_prefix(name: str) -> str:
     return name
 
 
-def _weight_chunks(items: Iterable[tuple[str, Any]], dtype: Any, chunk_bytes: int) -> Iterator[bytes]:
-    """safetensors blobs of about `chunk_bytes` each, floating tensors cast to `dtype`."""
-    from safetensors.torch import save
+_ALIGN = 64
+"""Byte alignment of each tensor in a weight file (any dtype's views start aligned)."""
 
-    chunk: dict[str, Any] = {}
+
+def _weight_files(items: Iterable[tuple[str, Any]], dtype: Any, chunk_bytes: int) -> Iterator[WeightFile]:
+    """The weights in files of about `chunk_bytes` each, floating tensors cast to `dtype`, for the engine's workers.
+
+    Each tensor is copied once, from wherever it is (a trainer's GPU, the
+    object store's memory) into a file in shared memory (`/dev/shm`, or the
+    temp folder when that has no room), which the engine's workers map without
+    a copy (`agentenv.policies._vllm_worker`). Only the file's path and its
+    index cross the engine's RPC, whose msgpack and pickle copy bytes several
+    times between the engine's processes (safetensors bytes went that way
+    before: the slowest leg of a push by far). The caller removes each file
+    once the workers have mapped it (a mapping outlives the file's name).
+    """
+    pending: list[tuple[str, Any]] = []
     size = 0
     for name, tensor in items:
         t = tensor.detach()
-        # copy=True: tied weights share storage, which safetensors refuses; and the trainer keeps training its own.
-        t = t.to("cpu", dtype=dtype if t.is_floating_point() else t.dtype, copy=True).contiguous()
-        chunk[_strip_wrapper_prefix(name)] = t
-        size += t.numel() * t.element_size()
+        pending.append((_strip_wrapper_prefix(name), t))
+        size += _aligned(t.numel() * (dtype if t.is_floating_point() else t.dtype).itemsize)
         if size >= chunk_bytes:
-            yield save(chunk)
-            chunk, size = {}, 0
-    if chunk:
-        yield save(chunk)
+            yield _write_weight_file(pending, dtype, size)
+            pending, size = [], 0
+    if pending:
+        yield _write_weight_file(pending, dtype, size)
+
+
+class WeightFile(NamedTuple):
+    """A file of tensors: its `path`, `size` in bytes and `index`, `[name, dtype name, shape, byte offset]` per
+    tensor (plain lists: they cross vLLM's RPC as msgpack)."""
+
+    path: str
+    size: int
+    index: list[list[Any]]
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _weight_file(size: int) -> str:
+    """A new file of `size` bytes, its pages allocated: in `/dev/shm` (memory), or the temp folder where
+    that has no room (a container's default is 64 MB) or is missing."""
+    import errno
+    import tempfile
+
+    dirs = [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
+    for k, d in enumerate(dirs):
+        fd, path = tempfile.mkstemp(prefix=f"agentenv-weights-{os.getpid()}-", dir=d)
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))  # a full tmpfs fails here, not with SIGBUS in a copy
+            return path
+        except OSError as e:
+            os.unlink(path)
+            if k == len(dirs) - 1 or e.errno not in (errno.ENOSPC, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        finally:
+            os.close(fd)
+    raise AssertionError("unreachable: the last folder's error is raised")
+
+
+def _write_weight_file(tensors: list[tuple[str, Any]], dtype: Any, size: int) -> WeightFile:
+    import torch
+
+    path = _weight_file(size)
+    try:
+        buf = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)
+        index: list[list[Any]] = []
+        offset = 0
+        for name, t in tensors:
+            to = dtype if t.is_floating_point() else t.dtype
+            n = t.numel() * to.itemsize
+            buf[offset : offset + n].view(to).view(t.shape).copy_(t)  # one copy, the cast (and a GPU's download) in it
+            index.append([name, str(to).removeprefix("torch."), list(t.shape), offset])
+            offset += _aligned(n)
+        del buf
+    except BaseException:
+        os.unlink(path)
+        raise
+    return WeightFile(path, size, index)

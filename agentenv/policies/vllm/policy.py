@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,7 @@ from agentenv._loops import LoopThread, refuse_inside_loop
 from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
-from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
+from agentenv.policies.vllm.engine import _import_vllm, _weight_files, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
 from agentenv.types import FinishReason, Generation, SamplingParams
 
@@ -258,15 +259,21 @@ class VLLMPolicy:
         Blocks the calling thread (the engine runs on its own event loop, so
         calling it from inside a running loop cannot deadlock).
 
-        The tensors travel through host memory (safetensors bytes over the
-        engine's RPC), which works for every device and tensor-parallel size;
-        each worker holds a host copy of the full weights until the commit.
+        The tensors travel through host memory: each is copied once into a
+        file in shared memory, which every tensor-parallel worker maps (only
+        the file's path crosses the engine's RPC) and loads from in the
+        commit. So the engine's workers must share this process's host (vLLM's
+        default executor; an engine spread over nodes takes the NCCL path).
+        The host holds one copy of the full weights until the commit.
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
 
         def transfer() -> None:
-            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
-                self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            for f in _weight_files(items, self._dtype, self.config.weight_chunk_mb << 20):
+                try:
+                    self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(f.path, f.size, f.index)))
+                finally:
+                    os.unlink(f.path)  # the workers' mappings keep its pages until the commit drops them
             self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
 
         self._update(transfer)
