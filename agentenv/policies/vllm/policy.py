@@ -271,7 +271,9 @@ class VLLMPolicy:
         def transfer() -> None:
             for f in _weight_files(items, self._dtype, self.config.weight_chunk_mb << 20):
                 try:
-                    self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(f.path, f.size, f.index)))
+                    self._loop.run(
+                        self._engine.collective_rpc("agentenv_stage_weights", args=(f.path, f.size, f.index))
+                    )
                 finally:
                     os.unlink(f.path)  # the workers' mappings keep its pages until the commit drops them
             self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
