@@ -262,8 +262,10 @@ def push_part(args: argparse.Namespace, model: str, start: Any) -> dict[str, Any
     chunk_bytes = RayRolloutConfig().weight_chunk_mb << 20
     engines = {"hf": functools.partial(make_hf, model), "vllm": functools.partial(make_vllm, model, args.memory)}
     for backend, make in engines.items():
+        if backend not in args.engines.split(","):
+            continue
         pol = start(functools.partial(make_timed, make), f"bench-push-{backend}")
-        if backend == "hf":  # the lead's legs, with the cluster up (the same for every engine)
+        if "put_s" not in out:  # the lead's legs, with the cluster up (the same for every engine)
             out.update(lead_parts(weights, chunk_bytes, args.repeats))
         out[backend] = engine_push(pol, weights, args.repeats)
         print(backend, out[backend], flush=True)
@@ -286,6 +288,8 @@ def push_table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
     rows = [(f"memcpy (this machine's ceiling, {after['memcpy_MBps']:.0f} MB/s)", None)]
     rows += [(f"lead: {k}", f"{k}_s") for k in ("gather", "serialize", "put")]
     for b in ("hf", "vllm"):
+        if b not in after:
+            continue
         rows += [(f"{b}: fetch (worker's wait)", f"{b}.{{n}}w_fetch_s"), (f"{b}: engine load", f"{b}.{{n}}w_engine_s"),
                  (f"{b}: end to end", f"{b}.{{n}}w_total_s")]  # fmt: skip
     cols = [(n, r) for n in (1, 2) for r in ((before, after) if before is not None else (after,))]
@@ -310,6 +314,7 @@ def main() -> None:
     ap.add_argument("--model", help="push: the model folder (default: a random 0.21B Qwen2 built here)")
     ap.add_argument("--baseline", help="push: a checkout of agentenv to measure first, as `before`, in a subprocess")
     ap.add_argument("--json", help="push: write its numbers here")
+    ap.add_argument("--engines", default="hf,vllm", help="push: the backends the workers run")
     args = ap.parse_args()
     parts = set(args.part.split(","))
     with tempfile.TemporaryDirectory() as d:
@@ -328,7 +333,8 @@ def _baseline(args: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--part", "push", "--model", args.model, "--json", f.name,
-               "--repeats", str(args.repeats), "--memory", str(args.memory), "--store-gb", str(args.store_gb)]  # fmt: skip
+               "--repeats", str(args.repeats), "--memory", str(args.memory), "--store-gb", str(args.store_gb),
+               "--engines", args.engines]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
         print("baseline:", " ".join(cmd), "with PYTHONPATH", env["PYTHONPATH"], flush=True)
         subprocess.run(cmd, env=env, check=True)

@@ -3,8 +3,8 @@
 The policy in the trainer's process reaches them through the engine's
 `collective_rpc`. Two jobs:
 
-- weights: the trainer's weights are staged in chunks (files in shared memory
-  that the policy wrote and each worker maps: only their paths cross the RPC),
+- weights: the trainer's weights are staged (views of a buffer in host memory
+  that the policy wrote and each worker maps: only its path crosses the RPC),
   then committed in one in-place reload;
 - entropy: `agentenv_install_entropy` makes the worker's sampler report each
   sampled token's exact entropy, computed here where the full distribution is
@@ -36,19 +36,23 @@ class WorkerExtension:
     """Mixed into each vLLM worker (one per tensor-parallel rank)."""
 
     def agentenv_stage_weights(self, path: str, size: int, index: list[list[Any]]) -> int:
-        """Keep one file of weights (`agentenv.policies.vllm.engine.WeightFile`) until the commit.
+        """Keep the weights the policy wrote into its buffer (`agentenv.policies.vllm.engine.WeightBuffer`) until
+        the commit: views of the buffer, mapped, not read, so the commit's load is the only copy.
 
-        The file is mapped, not read: each tensor is a view of the page cache
-        (copy-on-write, so a layer that processes its weights in place cannot
-        change the file), and the commit's load is the only copy. The mapping
-        outlives the file's name: the policy removes the file once this returns.
+        The mapping is kept for the next push, which the policy writes into the
+        same pages (a fresh mapping costs a fault per page). The views are
+        dropped at the commit, before the policy writes again.
 
         Returns:
             How many tensors are staged so far.
         """
         import torch
 
-        mapped = torch.from_file(path, shared=False, size=max(size, 1), dtype=torch.uint8)
+        kept = self.__dict__.get("_agentenv_buffer")
+        if kept is None or kept[0] != path or kept[1] < size:
+            kept = (path, size, torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8))
+            self.__dict__["_agentenv_buffer"] = kept
+        mapped = kept[2]
         staged = self.__dict__.setdefault("_agentenv_staged", {})
         for name, dtype, shape, offset in index:
             to = getattr(torch, dtype)

@@ -49,8 +49,8 @@ class VLLMPolicyConfig:
         entropy_topk: k of the `topk` entropy estimate.
         seed: Engine seed for requests that bring no seed.
         enforce_eager: No CUDA graphs / torch.compile (starts faster).
-        weight_chunk_mb: `load_weights` sends the weights in chunks of about
-            this many MiB.
+        weight_chunk_mb: `load_weights` writes the weights into a host buffer
+            the engine's workers map, which grows in steps of this many MiB.
         stop_check_interval: With stop strings, the engine reports new tokens
             every this many steps and the policy checks them; after a stop
             string the engine may have run up to this many - 1 extra tokens

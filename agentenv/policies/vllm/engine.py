@@ -1,10 +1,10 @@
-"""Engine plumbing: importing vLLM, its engine arguments, weights as files for its workers to map."""
+"""Engine plumbing: importing vLLM, its engine arguments, the buffer a push writes the weights into."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any
 
 from agentenv.errors import InfraError
 from agentenv.policies.vllm.config import _EXTENSION, VLLMPolicyConfig
@@ -82,84 +82,82 @@ def _strip_wrapper_prefix(name: str) -> str:
 
 
 _ALIGN = 64
-"""Byte alignment of each tensor in a weight file (any dtype's views start aligned)."""
+"""Byte alignment of each tensor in the weight buffer (any dtype's views start aligned)."""
 
 
-def _weight_files(items: Iterable[tuple[str, Any]], dtype: Any, chunk_bytes: int) -> Iterator[WeightFile]:
-    """The weights in files of about `chunk_bytes` each, floating tensors cast to `dtype`, for the engine's workers.
+class WeightBuffer:
+    """Host memory that a push's weights are written into and the engine's workers map, kept from push to push.
 
     Each tensor is copied once, from wherever it is (a trainer's GPU, the
-    object store's memory) into a file in shared memory (`/dev/shm`, or the
-    temp folder when that has no room), which the engine's workers map without
-    a copy (`agentenv.policies._vllm_worker`). Only the file's path and its
-    index cross the engine's RPC, whose msgpack and pickle copy bytes several
-    times between the engine's processes (safetensors bytes went that way
-    before: the slowest leg of a push by far). The caller removes each file
-    once the workers have mapped it (a mapping outlives the file's name).
+    object store's memory) into the buffer, floating ones cast to the served
+    dtype in the same pass; each worker maps the buffer
+    (`agentenv.policies._vllm_worker`) and the reload copies from there into
+    the engine's weights. Only the buffer's path and an index of its tensors
+    cross the engine's RPC, whose msgpack and pickle copy bytes several times
+    between the engine's processes (safetensors bytes went that way before:
+    the slowest leg of a push by far). Kept because fresh pages cost: the
+    kernel zeroes and maps each one, 10x slower than a copy into memory
+    already touched, measured here. It is an anonymous memory file
+    (`memfd_create`), reached as `/proc/<pid>/fd/<n>` by the engine's own
+    processes and gone with this one; where there is none, a temp file
+    removed at `close`. It holds one copy of the weights from the first push
+    until `close`.
+
+    Args:
+        step_bytes: The buffer grows in steps of this size.
     """
-    pending: list[tuple[str, Any]] = []
-    size = 0
-    for name, tensor in items:
-        t = tensor.detach()
-        pending.append((_strip_wrapper_prefix(name), t))
-        size += _aligned(t.numel() * (dtype if t.is_floating_point() else t.dtype).itemsize)
-        if size >= chunk_bytes:
-            yield _write_weight_file(pending, dtype, size)
-            pending, size = [], 0
-    if pending:
-        yield _write_weight_file(pending, dtype, size)
 
+    def __init__(self, step_bytes: int):
+        self.step_bytes = max(_ALIGN, step_bytes)
+        self.path = ""
+        self.size = 0
+        self._fd: int | None = None
+        self._named = False  # a temp file to remove at close
+        self._map: Any = None  # (size,) uint8 tensor over the whole buffer
 
-class WeightFile(NamedTuple):
-    """A file of tensors: its `path`, `size` in bytes and `index`, `[name, dtype name, shape, byte offset]` per
-    tensor (plain lists: they cross vLLM's RPC as msgpack)."""
+    def write(self, items: Iterable[tuple[str, Any]], dtype: Any) -> tuple[int, list[list[Any]]]:
+        """Write the tensors one after the other (names without a wrapper's prefix); returns the bytes used and
+        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them)."""
+        index: list[list[Any]] = []
+        offset = 0
+        for name, tensor in items:
+            t = tensor.detach()
+            to = dtype if t.is_floating_point() else t.dtype
+            n = t.numel() * to.itemsize
+            if offset + n > self.size:
+                self._grow(offset + n)
+            self._map[offset : offset + n].view(to).view(t.shape).copy_(t)  # the one copy; a cast, a GPU's download
+            index.append([_strip_wrapper_prefix(name), str(to).removeprefix("torch."), list(t.shape), offset])
+            offset += _aligned(n)
+        return offset, index
 
-    path: str
-    size: int
-    index: list[list[Any]]
+    def _grow(self, at_least: int) -> None:
+        import tempfile
+
+        import torch
+
+        if self._fd is None:
+            if hasattr(os, "memfd_create"):
+                self._fd = os.memfd_create("agentenv-weights")
+                self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+            else:
+                self._fd, self.path = tempfile.mkstemp(prefix=f"agentenv-weights-{os.getpid()}-")
+                self._named = True
+        size = -(-at_least // self.step_bytes) * self.step_bytes
+        os.ftruncate(self._fd, size)
+        self._map = torch.from_file(self.path, shared=True, size=size, dtype=torch.uint8)
+        self.size = size
+
+    def close(self) -> None:
+        """Free the buffer (idempotent)."""
+        self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            if self._named:
+                os.unlink(self.path)
+            self._fd = None
+        self.size = 0
 
 
 def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
-
-
-def _weight_file(size: int) -> str:
-    """A new file of `size` bytes, its pages allocated: in `/dev/shm` (memory), or the temp folder where
-    that has no room (a container's default is 64 MB) or is missing."""
-    import errno
-    import tempfile
-
-    dirs = [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
-    for k, d in enumerate(dirs):
-        fd, path = tempfile.mkstemp(prefix=f"agentenv-weights-{os.getpid()}-", dir=d)
-        try:
-            os.posix_fallocate(fd, 0, max(size, 1))  # a full tmpfs fails here, not with SIGBUS in a copy
-            return path
-        except OSError as e:
-            os.unlink(path)
-            if k == len(dirs) - 1 or e.errno not in (errno.ENOSPC, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-        finally:
-            os.close(fd)
-    raise AssertionError("unreachable: the last folder's error is raised")
-
-
-def _write_weight_file(tensors: list[tuple[str, Any]], dtype: Any, size: int) -> WeightFile:
-    import torch
-
-    path = _weight_file(size)
-    try:
-        buf = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)
-        index: list[list[Any]] = []
-        offset = 0
-        for name, t in tensors:
-            to = dtype if t.is_floating_point() else t.dtype
-            n = t.numel() * to.itemsize
-            buf[offset : offset + n].view(to).view(t.shape).copy_(t)  # one copy, the cast (and a GPU's download) in it
-            index.append([name, str(to).removeprefix("torch."), list(t.shape), offset])
-            offset += _aligned(n)
-        del buf
-    except BaseException:
-        os.unlink(path)
-        raise
-    return WeightFile(path, size, index)
