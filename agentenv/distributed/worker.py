@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -39,6 +40,10 @@ def chunk_tensors(chunk: list[tuple[str, Any, str]]) -> Iterator[tuple[str, Any]
             warnings.simplefilter("ignore", UserWarning)
             t = torch.from_numpy(arr)
         yield name, t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+_FETCH_AHEAD = 2
+"""Chunks a worker fetches ahead of the one its engine is loading."""
 
 
 class WeightStore:
@@ -150,11 +155,18 @@ class RolloutWorker:
                 pass
 
     def _load(self, version: int, refs: list[Any]) -> None:
-        def tensors() -> Iterator[tuple[str, Any]]:
-            for ref in refs:  # one chunk at a time from the object store, read where it lies
-                yield from chunk_tensors(ray.get(ref, timeout=self.timeout_s))
+        def tensors(pool: ThreadPoolExecutor) -> Iterator[tuple[str, Any]]:
+            # A chunk is fetched while the one before it loads (from another node it travels; on this
+            # one the fetch maps the object store's memory): the engine waits only for the first.
+            ahead = [pool.submit(ray.get, ref, timeout=self.timeout_s) for ref in refs[:_FETCH_AHEAD]]
+            for k in range(len(refs)):
+                chunk = ahead.pop(0).result()
+                if k + _FETCH_AHEAD < len(refs):
+                    ahead.append(pool.submit(ray.get, refs[k + _FETCH_AHEAD], timeout=self.timeout_s))
+                yield from chunk_tensors(chunk)
 
-        self.policy.load_weights(tensors())
+        with ThreadPoolExecutor(1, thread_name_prefix="agentenv-fetch") as pool:
+            self.policy.load_weights(tensors(pool))
         self._run_version[self.policy.weight_version] = version
         self.version = version
 

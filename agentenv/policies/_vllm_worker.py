@@ -3,9 +3,9 @@
 The policy in the trainer's process reaches them through the engine's
 `collective_rpc`. Two jobs:
 
-- weights: the trainer's weights are staged in chunks (safetensors bytes, so
-  any tensor dtype crosses the process boundary unchanged), then committed in
-  one in-place reload;
+- weights: the trainer's weights are staged (views of a buffer in host memory
+  that the policy wrote and each worker maps: only its path crosses the RPC),
+  then committed in one in-place reload;
 - entropy: `agentenv_install_entropy` makes the worker's sampler report each
   sampled token's exact entropy, computed here where the full distribution is
   (see `EntropySampler`), so no vocabulary-sized logprob lists leave the worker.
@@ -16,6 +16,7 @@ importable without side effects.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -34,16 +35,29 @@ _TAG = -(1 << 63)
 class WorkerExtension:
     """Mixed into each vLLM worker (one per tensor-parallel rank)."""
 
-    def agentenv_stage_weights(self, blob: bytes) -> int:
-        """Keep one chunk of checkpoint-format weights until the commit.
+    def agentenv_stage_weights(self, path: str, size: int, index: list[list[Any]]) -> int:
+        """Keep the weights the policy wrote into its buffer (`agentenv.policies.vllm.engine.WeightBuffer`) until
+        the commit: views of the buffer, mapped, not read, so the commit's load is the only copy.
+
+        The mapping is kept for the next push, which the policy writes into the
+        same pages (a fresh mapping costs a fault per page). The views are
+        dropped at the commit, before the policy writes again.
 
         Returns:
             How many tensors are staged so far.
         """
-        from safetensors.torch import load
+        import torch
 
+        kept = self.__dict__.get("_agentenv_buffer")
+        if kept is None or kept[0] != path or kept[1] < size:
+            kept = (path, size, torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8))
+            self.__dict__["_agentenv_buffer"] = kept
+        mapped = kept[2]
         staged = self.__dict__.setdefault("_agentenv_staged", {})
-        staged.update(load(blob))
+        for name, dtype, shape, offset in index:
+            to = getattr(torch, dtype)
+            n = to.itemsize * math.prod(shape)
+            staged[name] = mapped[offset : offset + n].view(to).view(shape)
         return len(staged)
 
     def agentenv_commit_weights(self) -> int:

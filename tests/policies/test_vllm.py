@@ -426,6 +426,29 @@ def test_load_weights_after_a_training_step(policy, served):
     np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=1e-5)
 
 
+def test_pushed_weights_arrive_bit_exact_in_the_engine(policy, served):
+    """A push of the weights the engine loaded from disk, after a push of others, gives back its outputs bit
+    for bit: the pushed tensors are the checkpoint's (any lost or rounded bit would move a logprob); the
+    second push rewrites the first one's buffer, which the engine's worker keeps mapped."""
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(served["path"], dtype=torch.float32).state_dict()
+    prompt = _random_prompt(23, 50, policy.vocab_size)  # seen by no other test: no cached prefix
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    before = policy.generate_sync(prompt, params)
+    g = torch.Generator().manual_seed(5)
+    try:
+        policy.load_weights((k, v + 0.05 * torch.randn(v.shape, generator=g)) for k, v in original.items())
+        other = policy.generate_sync(prompt, params)
+        assert np.abs(np.asarray(other.logprobs) - before.logprobs).max() > 1e-3  # the push reached the engine
+    finally:
+        policy.load_weights(original)  # a mapping (the push above: a generator)
+    after = policy.generate_sync(prompt, params)  # the push reset the prefix cache: the same prefill as before
+    assert after.token_ids == before.token_ids
+    np.testing.assert_array_equal(after.logprobs, before.logprobs)
+    np.testing.assert_array_equal(after.entropies, before.entropies)
+
+
 _OWNER = """
 import sys
 

@@ -80,3 +80,52 @@ def test_weight_push_leaves_the_rotary_cache_alone_without_a_warning():
     finally:
         SKIP_LOAD_TENSORS.clear()
         SKIP_LOAD_TENSORS.update(skip_before)
+
+
+def test_pushes_through_the_buffer_arrive_bit_exact_in_a_worker():
+    """The push's engine leg without the engine: the policy writes the weights into its buffer, a worker maps it
+    (`agentenv_stage_weights`) and stages views; every tensor arrives bit for bit (floating ones cast to the
+    served dtype, as the engine would hold them). The next push rewrites the same pages, which the worker keeps
+    mapped: it must see the new weights, never the last push's; a bigger push grows the buffer."""
+    from agentenv.policies._vllm_worker import WorkerExtension
+    from agentenv.policies.vllm.engine import WeightBuffer
+
+    def weights(seed: int, rows: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return {
+            "module.model.embed_tokens.weight": torch.randn(rows, 16, generator=g),  # a wrapper's prefix, stripped
+            "model.layers.0.mlp.down_proj.weight": torch.randn(16, 40, generator=g).t(),  # not contiguous
+            "model.norm.weight": torch.randn(16, generator=g, dtype=torch.float64),  # cast to the served dtype
+            "model.bf16": torch.randn(3, 5, generator=g).to(torch.bfloat16),
+            "model.scalar": torch.tensor(float(seed)),
+            "model.empty": torch.empty(0, 4),
+            "model.position_ids": torch.arange(seed, seed + 11),  # integers keep their dtype
+        }
+
+    for served in (torch.float32, torch.bfloat16):
+        buffer = WeightBuffer(1 << 10)  # grows in 1 KiB steps: several times in the first push
+        worker = WorkerExtension()
+        try:
+            for push, rows in ((1, 37), (2, 37), (3, 300)):
+                pushed = weights(push, rows)
+                size, index = buffer.write(pushed.items(), served)
+                assert size <= buffer.size
+                assert worker.agentenv_stage_weights(buffer.path, size, index) == len(pushed)
+                staged = worker.__dict__["_agentenv_staged"]
+                assert sorted(staged) == sorted(k.removeprefix("module.") for k in pushed)
+                for name, t in pushed.items():
+                    want = t.to(served) if t.is_floating_point() else t
+                    got = staged[name.removeprefix("module.")]
+                    assert got.dtype == want.dtype and got.shape == want.shape, name
+                    assert torch.equal(_bits(got), _bits(want)), (push, name)
+                    assert got.data_ptr() % 64 == 0, name  # aligned views: any kernel may read them
+                worker.agentenv_drop_staged_weights()  # as the commit does
+        finally:
+            buffer.close()
+        assert buffer.size == 0
+        buffer.close()  # idempotent
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes (bit for bit: -0.0 and NaN payloads included)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)

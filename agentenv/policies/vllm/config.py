@@ -48,8 +48,8 @@ class VLLMPolicyConfig:
         entropy_topk: k of the `topk` entropy estimate.
         seed: Engine seed for requests that bring no seed.
         enforce_eager: No CUDA graphs / torch.compile (starts faster).
-        weight_chunk_mb: `load_weights` sends the weights in chunks of about
-            this many MiB.
+        weight_chunk_mb: `load_weights` writes the weights into a host buffer
+            the engine's workers map, which grows in steps of this many MiB.
         weight_push: What a weight push does to the requests running at that
             moment. `resume`: they are aborted and each goes on from the tokens
             it had under the new weights (its prefix re-prefilled, so its

@@ -1,9 +1,9 @@
-"""Engine plumbing: importing vLLM, its engine arguments, weights as safetensors chunks."""
+"""Engine plumbing: importing vLLM, its engine arguments, the buffer a push writes the weights into."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from agentenv.errors import InfraError
@@ -81,20 +81,83 @@ def _strip_wrapper_prefix(name: str) -> str:
     return name
 
 
-def _weight_chunks(items: Iterable[tuple[str, Any]], dtype: Any, chunk_bytes: int) -> Iterator[bytes]:
-    """safetensors blobs of about `chunk_bytes` each, floating tensors cast to `dtype`."""
-    from safetensors.torch import save
+_ALIGN = 64
+"""Byte alignment of each tensor in the weight buffer (any dtype's views start aligned)."""
 
-    chunk: dict[str, Any] = {}
-    size = 0
-    for name, tensor in items:
-        t = tensor.detach()
-        # copy=True: tied weights share storage, which safetensors refuses; and the trainer keeps training its own.
-        t = t.to("cpu", dtype=dtype if t.is_floating_point() else t.dtype, copy=True).contiguous()
-        chunk[_strip_wrapper_prefix(name)] = t
-        size += t.numel() * t.element_size()
-        if size >= chunk_bytes:
-            yield save(chunk)
-            chunk, size = {}, 0
-    if chunk:
-        yield save(chunk)
+
+class WeightBuffer:
+    """Host memory that a push's weights are written into and the engine's workers map, kept from push to push.
+
+    Each tensor is copied once, from wherever it is (a trainer's GPU, the
+    object store's memory) into the buffer, floating ones cast to the served
+    dtype in the same pass; each worker maps the buffer
+    (`agentenv.policies._vllm_worker`) and the reload copies from there into
+    the engine's weights. Only the buffer's path and an index of its tensors
+    cross the engine's RPC, whose msgpack and pickle copy bytes several times
+    between the engine's processes (safetensors bytes went that way before:
+    the slowest leg of a push by far). Kept because fresh pages cost: the
+    kernel zeroes and maps each one, 10x slower than a copy into memory
+    already touched, measured here. It is an anonymous memory file
+    (`memfd_create`), reached as `/proc/<pid>/fd/<n>` by the engine's own
+    processes and gone with this one; where there is none, a temp file
+    removed at `close`. It holds one copy of the weights from the first push
+    until `close`.
+
+    Args:
+        step_bytes: The buffer grows in steps of this size.
+    """
+
+    def __init__(self, step_bytes: int):
+        self.step_bytes = max(_ALIGN, step_bytes)
+        self.path = ""
+        self.size = 0
+        self._fd: int | None = None
+        self._named = False  # a temp file to remove at close
+        self._map: Any = None  # (size,) uint8 tensor over the whole buffer
+
+    def write(self, items: Iterable[tuple[str, Any]], dtype: Any) -> tuple[int, list[list[Any]]]:
+        """Write the tensors one after the other (names without a wrapper's prefix); returns the bytes used and
+        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them)."""
+        index: list[list[Any]] = []
+        offset = 0
+        for name, tensor in items:
+            t = tensor.detach()
+            to = dtype if t.is_floating_point() else t.dtype
+            n = t.numel() * to.itemsize
+            if offset + n > self.size:
+                self._grow(offset + n)
+            self._map[offset : offset + n].view(to).view(t.shape).copy_(t)  # the one copy; a cast, a GPU's download
+            index.append([_strip_wrapper_prefix(name), str(to).removeprefix("torch."), list(t.shape), offset])
+            offset += _aligned(n)
+        return offset, index
+
+    def _grow(self, at_least: int) -> None:
+        import tempfile
+
+        import torch
+
+        if self._fd is None:
+            if hasattr(os, "memfd_create"):
+                self._fd = os.memfd_create("agentenv-weights")
+                self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+            else:
+                self._fd, self.path = tempfile.mkstemp(prefix=f"agentenv-weights-{os.getpid()}-")
+                self._named = True
+        size = -(-at_least // self.step_bytes) * self.step_bytes
+        os.ftruncate(self._fd, size)
+        self._map = torch.from_file(self.path, shared=True, size=size, dtype=torch.uint8)
+        self.size = size
+
+    def close(self) -> None:
+        """Free the buffer (idempotent)."""
+        self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            if self._named:
+                os.unlink(self.path)
+            self._fd = None
+        self.size = 0
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN

@@ -15,7 +15,7 @@ from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
 from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
-from agentenv.policies.vllm.engine import _import_vllm, _weight_chunks, engine_args
+from agentenv.policies.vllm.engine import WeightBuffer, _import_vllm, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
 from agentenv.types import FinishReason, Generation, SamplingParams, Tokenizer
 
@@ -68,6 +68,7 @@ class VLLMPolicy(PolicyBackend):
         self.vocab_size: int = model_config.get_vocab_size()
         self.max_model_len: int = model_config.max_model_len
         self._dtype = model_config.dtype  # torch dtype of the served weights
+        self._buffer = WeightBuffer(config.weight_chunk_mb << 20)  # what a push writes and the workers map
 
     async def _start_engine(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -279,15 +280,18 @@ class VLLMPolicy(PolicyBackend):
         Blocks the calling thread (the engine runs on its own event loop, so
         calling it from inside a running loop cannot deadlock).
 
-        The tensors travel through host memory (safetensors bytes over the
-        engine's RPC), which works for every device and tensor-parallel size;
-        each worker holds a host copy of the full weights until the commit.
+        The tensors travel through host memory: each is copied once into a
+        buffer (`WeightBuffer`), which every tensor-parallel worker maps (only
+        its path crosses the engine's RPC) and loads from in the commit. So
+        the engine's workers must share this process's host (vLLM's default
+        executor; an engine spread over nodes takes the NCCL path). The buffer
+        holds a host copy of the weights from the first push until `close`.
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
 
         def transfer() -> None:
-            for blob in _weight_chunks(items, self._dtype, self.config.weight_chunk_mb << 20):
-                self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(blob,)))
+            size, index = self._buffer.write(items, self._dtype)
+            self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(self._buffer.path, size, index)))
             self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
 
         self._update(transfer)
@@ -378,6 +382,7 @@ class VLLMPolicy(PolicyBackend):
             self._loop.run(_shutdown(), timeout=120)
         finally:
             self._loop.stop(join_s=30)
+            self._buffer.close()
             self._reaper.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
