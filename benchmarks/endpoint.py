@@ -218,31 +218,53 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.gather(*(caller(a) for a in range(agents)))
         return time.perf_counter() - t0, lat
 
+    async def client_alone(k: int) -> float:
+        """CPU per request of the openai client alone: `k` requests answered with a canned reply (no endpoint)."""
+        import httpx2
+
+        rec = after.open_episode(policy, params, seed=-1)
+        reply = await local.post(after.url + "/chat/completions", headers={"Authorization": f"Bearer {rec.key}"},
+                                 json={"model": "agentenv", "messages": messages(0, 0)})  # fmt: skip
+        after.close_episode(rec.key)
+        canned = httpx2.MockTransport(lambda request: httpx2.Response(200, headers=reply.headers, content=reply.content))
+        async with httpx2.AsyncClient(transport=canned) as mock:
+            client = openai.AsyncOpenAI(base_url=after.url, api_key=rec.key, max_retries=0, http_client=mock)
+            c0 = time.process_time()
+            for i in range(k):
+                await client.chat.completions.create(model="agentenv", messages=messages(0, i), max_tokens=args.max_tokens)
+            return (time.process_time() - c0) / k
+
     ms = 1000.0
     print(f"{args.model} model, {args.backend} backend (CPU), {args.requests} requests per agent, max_tokens {args.max_tokens}, "
           f"temperature 1.0, {args.rounds} rounds; latency in ms\n")  # fmt: skip
-    print("| agents | path | requests/s | of direct | latency p50 | latency p95 | added p50 | added p95 | in-server p50 "
-          "| in-server p95 |")  # fmt: skip
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| agents | path | requests/s | of direct | CPU per request | latency p50 | latency p95 | added p50 | added p95 "
+          "| in-server p50 | in-server p95 |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     owners: dict[str, dict[str, float]] = {}
     for agents in sorted({1, args.agents}):
         n = agents * args.requests
         rate_d: list[float] = []
         lat_d: list[float] = []
+        cpu_d: list[float] = []
+        cpu: dict[str, list[float]] = {name: [] for name in paths}
         rate: dict[str, list[float]] = {name: [] for name in paths}
         ratio: dict[str, list[float]] = {name: [] for name in paths}
         wall: dict[str, list[float]] = {name: [] for name in paths}
         added: dict[str, list[float]] = {name: [] for name in paths}
         server: dict[str, list[float]] = {name: [] for name in paths}
         for r in range(args.rounds):  # every path once a round: a loaded machine slows them alike
+            c0 = time.process_time()  # the process's CPU, every thread's (the model's included)
             t_d, lat_r = await direct(agents)
+            cpu_d.append((time.process_time() - c0) / n)
             rate_d.append(n / t_d)
             lat_d += lat_r
             for name, (ep, client_http) in paths.items():
                 prof = cProfile.Profile() if args.profile and agents == args.agents and r == 0 else None
                 if prof is not None:
                     prof.enable()
+                c0 = time.process_time()
                 t_e, wall_r, added_r, server_r = await through(ep, client_http, agents)
+                cpu[name].append((time.process_time() - c0) / n)
                 if prof is not None:
                     prof.disable()
                     owners[name] = cpu_by_owner(prof, n)
@@ -251,13 +273,16 @@ async def main(args: argparse.Namespace) -> None:
                 wall[name] += wall_r
                 added[name] += added_r
                 server[name] += server_r
-        print(f"| {agents} | direct (policy.generate) | {statistics.median(rate_d):.1f} | | {pct(lat_d, .5) * ms:.1f} "
-              f"| {pct(lat_d, .95) * ms:.1f} | | | | |")  # fmt: skip
+        print(f"| {agents} | direct (policy.generate) | {statistics.median(rate_d):.1f} | | {statistics.median(cpu_d) * ms:.2f} "
+              f"| {pct(lat_d, .5) * ms:.1f} | {pct(lat_d, .95) * ms:.1f} | | | | |")  # fmt: skip
         for name in paths:
             print(f"| {agents} | {name} | {statistics.median(rate[name]):.1f} | {statistics.median(ratio[name]):.0%} "
+                  f"| {statistics.median(cpu[name]) * ms:.2f} "
                   f"| {pct(wall[name], .5) * ms:.1f} | {pct(wall[name], .95) * ms:.1f} | {pct(added[name], .5) * ms:.2f} "
                   f"| {pct(added[name], .95) * ms:.2f} | {pct(server[name], .5) * ms:.2f} "
                   f"| {pct(server[name], .95) * ms:.2f} |")  # fmt: skip
+    alone = statistics.median([await client_alone(100) for _ in range(args.rounds)])
+    print(f"\nThe openai client alone (a canned reply: no endpoint, no HTTP): {alone * ms:.2f} ms of CPU per request.")
     if args.profile:
         print(f"\nCPU per request at {args.agents} agents, by whose code ran it (cProfile, which slows everything "
               "alike; ms):\n")
@@ -267,9 +292,10 @@ async def main(args: argparse.Namespace) -> None:
         for k in [*names, "total"]:
             cells = [sum(o.values()) if k == "total" else o.get(k, 0.0) for o in owners.values()]
             print(f"| {k} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    print("\nof direct: the rounds' median of direct time / this path's time; added: per request, the client's wall "
-          "time minus its policy.generate time inside the endpoint; in-server: the handler's time minus generate's "
-          "(quantiles of each).")
+    print("\nof direct: the rounds' median of direct time / this path's time; CPU per request: the process's (every "
+          "thread's: the model's, the agents' clients', the endpoint's), median of the rounds; added: per request, the "
+          "client's wall time minus its policy.generate time inside the endpoint; in-server: the handler's time "
+          "minus its generate's (quantiles of each).")
     for ep in (before, after):
         await ep.aclose()
     await http.aclose()
