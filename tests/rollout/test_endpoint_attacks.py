@@ -24,7 +24,7 @@ from agentenv.configs import AlgorithmSection
 from agentenv.envs.chat import ChatTemplate
 from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.rollout.config import RolloutConfig
-from agentenv.rollout.endpoint.agent import AgentRunner
+from agentenv.rollout.endpoint.agent import AgentRunner, agent_http_client
 from agentenv.rollout.endpoint.config import EndpointConfig
 from agentenv.rollout.endpoint.server import Endpoint
 from agentenv.tasks.rewards import get_reward
@@ -509,17 +509,20 @@ class HangsFirst(ScriptedPolicy):
         return await super().generate(prompt_ids, params)
 
 
+@pytest.mark.parametrize("via", ["http", "in-process"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, chat, stream):
+async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, chat, stream, via):
     """The agent gives up on a request (its client times out and closes the connection): the generation is
     cancelled, its episode's only slot is free for the next request, and the reply nobody read is not recorded.
     Before, the handler ran on: it held the slot until the policy answered, then recorded a turn the agent never
-    saw (and, streaming, counted an internal error writing to the closed connection)."""
+    saw (and, streaming, counted an internal error writing to the closed connection). In-process (the runner's
+    clients, `LocalTransport`), the cancelled request cancels its handler alike."""
     ep = await started(chat, max_concurrent_per_episode=1)
     policy = HangsFirst(tok)
     rec = ep.open_episode(policy, PARAMS, seed=0)
-    impatient = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, timeout=30)
-    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0)
+    http = {"http_client": agent_http_client(ep)} if via == "in-process" else {}
+    impatient = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, timeout=30, **http)
+    client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, **http)
     try:
         first = asyncio.ensure_future(impatient.chat.completions.create(model="agentenv", messages=ask("A", 0),
                                                                         stream=stream))  # fmt: skip
@@ -532,6 +535,8 @@ async def test_a_client_that_leaves_frees_its_slot_and_nothing_is_recorded(tok, 
     finally:
         await impatient.close()
         await client.close()
+        if http:
+            await http["http_client"].close_pool()
         await ep.aclose()
     assert r.choices[0].message.content == "ok"
     assert rec.requests == 1 and len(rec.threads) == 1 and errors(ep) == 0

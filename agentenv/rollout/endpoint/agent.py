@@ -26,7 +26,7 @@ import inspect
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv._loops import gather_settled
 from agentenv.envs.chat import ChatTemplate
@@ -40,6 +40,9 @@ from agentenv.rollout.engine import cancel_requested, derive_seed
 from agentenv.tasks.rewards import DEFAULT_VERIFIER_TIMEOUT_S, RewardError, RewardGate, Scored, check_reward
 from agentenv.tasks.task import Task
 from agentenv.types import Group, SamplingParams, Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.rollout.endpoint.server import Endpoint
 
 TREE_REFUSAL = (
     "a user's agent (rollout.agent) is arbitrary code: it cannot be forked at a branch point, so an algorithm that "
@@ -59,6 +62,25 @@ def load_agent(path: str, key: str = "rollout.agent") -> Any:
 def _as_answer(text: str) -> str:
     """An agent's final answer as the policy text the built-in rewards read (inside `<answer>`)."""
     return text if "<answer>" in text else f"<answer>{text}</answer>"
+
+
+def agent_http_client(endpoint: Endpoint) -> Any:
+    """The httpx2 client the episodes' `openai` clients share: requests to the endpoint reach its handler in this
+    process without a socket (`LocalTransport`; the clients' `base_url` is still the endpoint's HTTP URL, for
+    anything an agent hands it to). An agent closing its client (`async with client:`) leaves it open;
+    `close_pool` closes it."""
+    import openai
+
+    from agentenv.rollout.endpoint.server import LocalTransport
+
+    class Shared(openai.DefaultAsyncHttpxClient):
+        async def aclose(self) -> None:
+            pass
+
+        async def close_pool(self) -> None:
+            await super().aclose()
+
+    return Shared(transport=LocalTransport(endpoint))
 
 
 class AgentRunner:
@@ -94,21 +116,11 @@ class AgentRunner:
             self._sem = asyncio.Semaphore(self.rollout.max_concurrency)
 
     def client(self, key: str) -> Any:
-        """An `openai.AsyncOpenAI` client of one episode (sharing one connection pool)."""
+        """An `openai.AsyncOpenAI` client of one episode (all share `agent_http_client`'s one httpx2 client)."""
         import openai
 
         if self._http is None:
-
-            class Shared(openai.DefaultAsyncHttpxClient):
-                """The episodes' one connection pool: an agent closing its client (`async with client:`) keeps it."""
-
-                async def aclose(self) -> None:
-                    pass
-
-                async def close_pool(self) -> None:
-                    await super().aclose()
-
-            self._http = Shared()
+            self._http = agent_http_client(self.endpoint)
         return openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=key, max_retries=0, http_client=self._http,
                                   timeout=self.rollout.generation_limit_s)  # fmt: skip
 

@@ -29,6 +29,11 @@ body is parsed, rendered and tokenized on a worker thread, never on the loop.
 its finish reason, its usage if `stream_options.include_usage`, and `[DONE]`),
 for clients that only stream.
 
+An agent in this process (`rollout.agent`: its client is `AgentRunner.client`)
+reaches the same handler without a socket (`LocalTransport`): the same checks,
+errors, recording and cancellation, minus HTTP on both sides of the loop (an
+agent elsewhere, or anything that reads the client's `base_url`, goes over HTTP).
+
 Sampling follows the run (`policy.temperature`, `top_p`, `top_k`: the loss
 assumes them); a request's `max_tokens`/`max_completion_tokens` can only lower
 `policy.max_turn_tokens`, its `stop` strings are honored, and its
@@ -45,10 +50,11 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import httpx2
 from aiohttp import web
 
 from agentenv.envs.chat import ChatTemplate
@@ -105,6 +111,51 @@ def parse_body(raw: bytes) -> Any:
             elif isinstance(v, list):
                 stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
     return body
+
+
+class Incoming(Protocol):
+    """What a route reads of a request: aiohttp's `web.Request`, or a `LocalRequest` of this process's agents."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def charset(self) -> str | None: ...
+
+    async def read(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class LocalRequest:
+    """A request of an agent in this process, as `LocalTransport` hands it over (no socket, no HTTP parsing)."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes
+    max_bytes: int  # rollout.endpoint.max_request_bytes, as aiohttp's client_max_size bounds `read`
+
+    @property
+    def charset(self) -> str | None:
+        for param in self.headers.get("Content-Type", "").split(";")[1:]:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "charset":
+                return value.strip().strip('"')
+        return None
+
+    async def read(self) -> bytes:
+        if len(self.body) > self.max_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.max_bytes, actual_size=len(self.body))
+        return self.body
+
+
+Route = Callable[[Any], Awaitable[web.Response]]
 
 
 @dataclass(frozen=True)
@@ -194,6 +245,11 @@ class Endpoint:
         self.counts: Counter[str] = Counter()  # requests, errors by code, prefix breaks (since start)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self._routes: dict[str, dict[str, Route]] = {  # path -> method -> route, served over HTTP and in-process alike
+            "/v1/models": {"GET": self._models},
+            "/v1/chat/completions": {"POST": self._chat},
+            "/v1/agentenv/episode": {"GET": self._episode},
+        }
 
     # ---- lifecycle ------------------------------------------------------
     async def start(self) -> Endpoint:
@@ -201,9 +257,9 @@ class Endpoint:
         if self._runner is not None:
             return self
         app = web.Application(middlewares=[self._guard], client_max_size=self.config.max_request_bytes)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/agentenv/episode", self._episode)
+        for path, methods in self._routes.items():
+            for method, route in methods.items():
+                app.router.add_route(method, path, route)
         # a client that goes away (its agent gave up, its episode timed out) cancels its request: the slot it held
         # or waited for is free, its generation stops, and the reply nobody reads is never recorded
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
@@ -266,9 +322,26 @@ class Endpoint:
                 return _error(RequestError(
                     403, f"the endpoint serves loopback clients only, not {peer!r} (rollout.endpoint.allow_remote)",
                     "remote_refused", type_="permission_error"))  # fmt: skip
+        return await self._shaped(request, handler)
+
+    async def serve_local(self, request: LocalRequest) -> web.Response:
+        """A request of an agent in this process (`LocalTransport`): routed as aiohttp routes, its failures shaped
+        as `_guard` shapes them (it is on this machine: the loopback rule holds by construction)."""
+        return await self._shaped(request, self._route)
+
+    async def _route(self, request: Incoming) -> web.Response:
+        methods = self._routes.get(request.path)
+        if methods is None:
+            raise web.HTTPNotFound()
+        route = methods.get(request.method)
+        if route is None:
+            raise web.HTTPMethodNotAllowed(request.method, list(methods))
+        return await route(request)
+
+    async def _shaped(self, request: Incoming, handler: Route) -> web.Response:
+        """The handler's response, or its failure as an OpenAI-style error (counted)."""
         try:
-            response: web.StreamResponse = await handler(request)
-            return response
+            return await handler(request)
         except RequestError as e:
             self.counts[f"error/{e.code}"] += 1
             return _error(e)
@@ -288,7 +361,7 @@ class Endpoint:
             return _error(RequestError(500, f"the endpoint failed on this request: {type(e).__name__}: {e}",
                                        "internal_error", type_="server_error"))  # fmt: skip
 
-    def _episode_of(self, request: web.Request) -> EpisodeRecord:
+    def _episode_of(self, request: Incoming) -> EpisodeRecord:
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         rec = self.episodes.get(key) if key else None
@@ -301,18 +374,18 @@ class Endpoint:
                            "invalid_api_key", type_="authentication_error")  # fmt: skip
 
     # ---- routes ---------------------------------------------------------
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: Incoming) -> web.Response:
         self._episode_of(request)
         name = self.config.model_name
         return web.json_response(
             {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "agentenv"}]}
         )
 
-    async def _episode(self, request: web.Request) -> web.Response:
+    async def _episode(self, request: Incoming) -> web.Response:
         """The episode's own record (sizes and uids), for its key only."""
         return web.json_response(self._episode_of(request).summary())
 
-    async def _body(self, request: web.Request) -> tuple[Mapping[str, Any], int]:
+    async def _body(self, request: Incoming) -> tuple[Mapping[str, Any], int]:
         """The request body as a JSON object: UTF-8 (the only charset JSON has), parsed off the loop when large.
 
         Raises:
@@ -328,7 +401,7 @@ class Endpoint:
         body = await asyncio.to_thread(parse_body, raw) if len(raw) > OFFLOAD_BYTES else parse_body(raw)
         return body, len(raw)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Incoming) -> web.Response:
         rec = self._episode_of(request)
         req = ChatRequest.of(*await self._body(request), self.config.model_name)  # every field checked before any work
         cfg = self.config
@@ -344,9 +417,9 @@ class Endpoint:
         async with slots:  # at most max_concurrent_per_episode of one episode's requests at a time
             if rec.closed:
                 raise RequestError(409, "this API key's episode has ended; nothing more is recorded for it", "episode_ended")
-            return await self._answer(request, rec, req)
+            return await self._answer(rec, req)
 
-    async def _answer(self, request: web.Request, rec: EpisodeRecord, req: ChatRequest) -> web.StreamResponse:
+    async def _answer(self, rec: EpisodeRecord, req: ChatRequest) -> web.Response:
         # rendering and tokenizing grow with the request: a large one runs on a worker thread, never on the loop
         if req.size > OFFLOAD_BYTES:
             prep = await asyncio.to_thread(rec.prepare, req.messages, req.tools)
@@ -405,11 +478,8 @@ class Endpoint:
         headers = {"x-agentenv-trajectory": thread.uid}
         if not req.stream:
             return web.Response(body=body, headers=headers, content_type="application/json", charset="utf-8")
-        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        await resp.write(body)
-        await resp.write_eof()
-        return resp
+        # the events are whole already: one body with its length (no chunked encoding to write or parse)
+        return web.Response(body=body, headers={**headers, "Cache-Control": "no-cache"}, content_type="text/event-stream")
 
 
 def _events(out: dict[str, Any], include_usage: bool) -> bytes:
@@ -427,3 +497,51 @@ def _events(out: dict[str, Any], include_usage: bool) -> bytes:
     if include_usage:
         chunks.append({**head, "choices": [], "usage": out["usage"]})
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+class LocalTransport(httpx2.AsyncBaseTransport):
+    """The openai client's transport for agents in the endpoint's own process: a request to the endpoint's URL is
+    handed to its routes (`Endpoint.serve_local`) without a socket; any other URL goes over HTTP.
+
+    Over HTTP both ends run on the one event loop: the client's connection pool and HTTP/1.1 (httpx2, httpcore),
+    the socket, and aiohttp's parsing and writing took most of a request's CPU and made 32 agents' requests queue
+    on one core (benchmarks/endpoint.py). Here the request keeps everything the endpoint checks and records; the
+    client's read timeout is kept (`httpx2.ReadTimeout`), and a cancelled request cancels its handler, as a
+    closed connection does.
+    """
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+        self._base: httpx2.URL | None = None
+        self._http: httpx2.AsyncHTTPTransport | None = None  # for any other URL (opened on first use)
+
+    def _ours(self, url: httpx2.URL) -> bool:
+        port = self.endpoint.port
+        if port is None:
+            return False
+        if self._base is None or self._base.port != port:
+            self._base = httpx2.URL(self.endpoint.url)
+        return url.port == port and url.host == self._base.host and url.scheme == "http"
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if not self._ours(request.url):
+            if self._http is None:
+                self._http = httpx2.AsyncHTTPTransport()
+            return await self._http.handle_async_request(request)
+        ep = self.endpoint
+        local = LocalRequest(request.method, request.url.path, request.headers, await request.aread(),
+                             ep.config.max_request_bytes)  # fmt: skip
+        read_s = request.extensions.get("timeout", {}).get("read")
+        try:
+            async with asyncio.timeout(read_s):
+                resp = await ep.serve_local(local)
+        except TimeoutError:  # (the handler answers its own timeouts: this one is the client's)
+            raise httpx2.ReadTimeout(f"no answer within the client's read timeout ({read_s:g} s)", request=request) from None
+        body = resp.body
+        assert isinstance(body, bytes)  # every route answers with whole bytes
+        return httpx2.Response(resp.status, headers=list(resp.headers.items()), content=body, request=request)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
