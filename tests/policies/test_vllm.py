@@ -302,8 +302,8 @@ def no_eos(policy, monkeypatch):
     """The policy with EOS ignored (vLLM's `ignore_eos`): a request runs to `max_tokens`, whatever it samples."""
     make = policy._vllm_params
 
-    def without_eos(params, mode):
-        vparams = make(params, mode)
+    def without_eos(params, mode, **kw):
+        vparams = make(params, mode, **kw)
         vparams.ignore_eos = True  # read when the engine takes the request (before it adds the EOS ids)
         return vparams
 
