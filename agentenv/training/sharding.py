@@ -167,7 +167,8 @@ class Strategy:
             model = add_lora(model, self.lora)
         if not self.sharded:
             opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
-            return self.acc.prepare(model, opt, make_scheduler(opt))
+            prepared: tuple[Any, Any, Any] = self.acc.prepare(model, opt, make_scheduler(opt))
+            return prepared
         model = self._shard(model)
         opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
         sched = make_scheduler(opt)
