@@ -39,7 +39,7 @@ __all__ = ["EngineLog"]
 _ENGINE_LOGGERS = ("vllm", "transformers", "accelerate", "agentenv.ray_notices")
 
 
-class _EngineLogHandler(logging.StreamHandler):
+class _EngineLogHandler(logging.StreamHandler[IO[str]]):
     """The handler an `EngineLog` puts on an engine logger (a logger that has one is moved already)."""
 
 
