@@ -39,7 +39,9 @@ class Tokenizer(Protocol):
     """
 
     @property
-    def eos_token_id(self) -> Any: ...
+    def eos_token_id(self) -> int | None:
+        """The id that ends a sequence (None: the tokenizer has none)."""
+        ...
 
     @property
     def pad_token_id(self) -> Any: ...

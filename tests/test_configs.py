@@ -326,3 +326,26 @@ def test_the_algorithm_config_is_built_once(monkeypatch):
     cfg = config_from_dict({"algorithm": {"name": "arpo"}})
     assert cfg.algorithm_config is cfg.algorithm_config and cfg.algorithm_config.group_size == 16
     assert built == ["arpo"]  # at load, validating; never again
+
+
+@pytest.mark.parametrize(
+    "name,key,value",
+    [
+        ("grpo", "rollout_correction", "is"),
+        ("grpo", "rollout_correction_level", "geometric"),
+        ("grpo", "off_policy", "async"),
+        ("grpo", "loss_agg", "sum"),
+        ("arpo", "branch_rule", "always"),
+        ("arpo", "advantage", "mixed"),
+        ("arpo", "fork_decision", "per_beam"),
+        ("arpo", "entropy_norm", "max"),
+        ("gigpo", "anchors", "text"),
+        ("gigpo", "episode_weighting", "token"),
+        ("arpo_gigpo", "anchors", "text"),
+    ],
+)
+def test_an_algorithm_choice_outside_its_literal_is_refused_by_the_loader(name, key, value):
+    """The algorithm configs' Literal fields are checked once, by the loader (no hand check behind it)."""
+    with pytest.raises(ConfigError, match=rf"must be one of .*, got {value!r}") as e:
+        config_from_dict({"algorithm": {"name": name, key: value}})
+    assert e.value.key == f"algorithm.{key}"

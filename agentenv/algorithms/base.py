@@ -113,6 +113,14 @@ class LossNorm:
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
+@runtime_checkable
+class HasKLCoef(Protocol):
+    """An algorithm config with a KL penalty to a reference model (`TokenLossConfig` and the configs under it;
+    GSPO's fixes it at 0): `kl_coef` > 0 loads the reference model."""
+
+    kl_coef: float
+
+
 class StepRollout(Protocol):
     """What dynamic sampling may ask of the trainer in one step (`Algorithm.resample`)."""
 
@@ -208,8 +216,8 @@ class Algorithm(ABC):
 
     def needs_reference(self) -> bool:
         """Whether the trainer loads a reference model (its logprobs land in `batch.ref_logprobs`);
-        default: the config's `kl_coef` is above 0 (a config without one: no)."""
-        return float(getattr(self.cfg, "kl_coef", 0.0)) > 0
+        default: the config's `kl_coef` is above 0 (a config without one, not `HasKLCoef`: no)."""
+        return isinstance(self.cfg, HasKLCoef) and self.cfg.kl_coef > 0
 
     def keep_group(self, group: Group) -> bool:
         """Dynamic sampling's group filter (DAPO); default: every group is kept."""

@@ -57,6 +57,13 @@ class HealthChecked(Protocol):
 
 
 @runtime_checkable
+class FromServer(Protocol):
+    """A tool one of a tool set's servers serves (an MCP tool): `server` is its name under the set's `servers`."""
+
+    server: str
+
+
+@runtime_checkable
 class Described(Protocol):
     """A tool's optional text for the model: what it does (None: a generic line)."""
 

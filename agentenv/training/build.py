@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,8 @@ from agentenv.policies.base import Policy
 from agentenv.policies.models import resolve_model_path
 from agentenv.rollout.config import RayRolloutConfig
 from agentenv.tasks.sources import TaskSet
-from agentenv.tools.base import Tool, tool_schema
-from agentenv.types import Tokenizer
+from agentenv.tools.base import FromServer, HealthChecked, Tool, tool_schema
+from agentenv.types import AsyncCloseable, Closeable, Tokenizer
 
 _CLOSE_TIMEOUT_S = 120.0
 """Bound on closing one prototype tool (a sandbox pool removes its containers)."""
@@ -153,8 +153,7 @@ def build_tools(cfg: AgentEnvConfig, ray: RayRolloutConfig | None = None) -> dic
 
 def _source(part: str, tool: Any) -> str:
     """Where a tool comes from, as a config key (an MCP tool: its server's)."""
-    server = getattr(tool, "server", None)  # MCP tools name their server
-    return f"env.tools.{part}.servers.{server}" if isinstance(server, str) else f"env.tools.{part}"
+    return f"env.tools.{part}.servers.{tool.server}" if isinstance(tool, FromServer) else f"env.tools.{part}"
 
 
 def make_env_factory(cfg: AgentEnvConfig, tools: dict[str, Tool], tokenizer: Tokenizer) -> MakeEnv:
@@ -174,7 +173,6 @@ class Runtime:
     tools: dict[str, Tool]
     tasks: TaskSet
     make_env: MakeEnv
-    extras: dict[str, Any] = field(default_factory=dict)
     agent: Any = None  # `rollout.agent`'s AgentRunner (agentenv.rollout.endpoint.agent), None without one
 
     def agent_sampler(self, n: int) -> Any:
@@ -196,11 +194,10 @@ class Runtime:
         from agentenv.envs.toolloop import run_on_tool_loop
 
         for name, tool in self.tools.items():
-            check = getattr(tool, "health_check", None)  # optional (`HealthChecked`): a tool with nothing to warm has none
-            if check is None:
+            if not isinstance(tool, HealthChecked):  # a tool with nothing to warm has no check
                 continue
             try:
-                await run_on_tool_loop(check, timeout_s, f"the {name} tool")
+                await run_on_tool_loop(tool.health_check, timeout_s, f"the {name} tool")
             except TimeoutError:
                 raise ToolError(f"the {name} tool did not pass its health check within {timeout_s:g} s") from None
             except ToolError as e:
@@ -213,11 +210,10 @@ class Runtime:
             await close_tool(tool, _CLOSE_TIMEOUT_S)
         if self.agent is not None:
             await self.agent.aclose()
-        close = getattr(self.policy, "aclose", None) or getattr(self.policy, "close", None)
-        if close is not None:
-            res = close()
-            if hasattr(res, "__await__"):
-                await res
+        if isinstance(self.policy, AsyncCloseable):
+            await self.policy.aclose()
+        elif isinstance(self.policy, Closeable):
+            self.policy.close()
 
 
 def build_runtime(cfg: RunConfig, model_path: str | None = None) -> Runtime:

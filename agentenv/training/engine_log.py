@@ -39,6 +39,10 @@ __all__ = ["EngineLog"]
 _ENGINE_LOGGERS = ("vllm", "transformers", "accelerate", "agentenv.ray_notices")
 
 
+class _EngineLogHandler(logging.StreamHandler[IO[str]]):
+    """The handler an `EngineLog` puts on an engine logger (a logger that has one is moved already)."""
+
+
 class EngineLog:
     """Where an engine's output goes during a run.
 
@@ -102,11 +106,10 @@ class EngineLog:
                 self._bars_disabled = True
         for name in _ENGINE_LOGGERS:
             logger = logging.getLogger(name)
-            if any(getattr(h, "_agentenv_engine_log", False) for h in logger.handlers):
+            if any(isinstance(h, _EngineLogHandler) for h in logger.handlers):
                 continue
             self._saved.append((logger, list(logger.handlers), logger.propagate))
-            handler = logging.StreamHandler(self._file)
-            handler._agentenv_engine_log = True  # type: ignore[attr-defined]  # our marker on a stdlib handler
+            handler = _EngineLogHandler(self._file)
             handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
             logger.handlers = [handler]
             logger.propagate = False

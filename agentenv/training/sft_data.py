@@ -22,7 +22,7 @@ from agentenv.envs.hermes import CALL_CLOSE, CALL_OPEN
 from agentenv.errors import ConfigError
 from agentenv.tasks.task import Task
 from agentenv.tools.base import tool_schema
-from agentenv.types import SamplingParams, ToolResult, Trajectory
+from agentenv.types import SamplingParams, Tokenizer, ToolResult, Trajectory
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def solve_tasks(
 # --------------------------------------------------------------------------- replay
 async def replay(
     conversation: Conversation, make_env: Callable[[Sequence[Any]], Any], tools: Mapping[str, Any],
-    tokenizer: Any, params: SamplingParams,
+    tokenizer: Tokenizer, params: SamplingParams,
 ) -> Trajectory:
     """Play a conversation's turns through a fresh env (`make_env(prototype_tools)`): the RL trajectory it is."""
     from agentenv.policies.scripted import ScriptedPolicy
@@ -176,7 +176,7 @@ async def replay(
     return await run_episode(policy, env, conversation.task, params, seed=0)
 
 
-def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Any, require_correct: bool) -> str | None:
+def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Tokenizer, require_correct: bool) -> str | None:
     """Why a replayed conversation is no SFT example, or None when it is one.
 
     An example ends with an answer or EOS, its calls all went through, its policy
@@ -193,7 +193,7 @@ def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Any, re
     if sum(sum(v.values()) for v in traj.tool_errors.values()) or traj.tool_calls.get("invalid"):
         return "a tool call failed"
     played = [tokenizer.decode(s.token_ids, skip_special_tokens=False) for s in traj.segments if s.source == "policy"]
-    eos = tokenizer.decode([tokenizer.eos_token_id]) if getattr(tokenizer, "eos_token_id", None) is not None else None
+    eos = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
     played = [t[: -len(eos)] if eos and t.endswith(eos) and not turn.endswith(eos) else t
               for t, turn in zip(played, conversation.turns)]  # fmt: skip
     if played != list(conversation.turns):
@@ -207,7 +207,7 @@ def why_dropped(conversation: Conversation, traj: Trajectory, tokenizer: Any, re
 
 async def replay_all(
     conversations: Sequence[Conversation], make_env: Callable[[Sequence[Any]], Any], tools: Mapping[str, Any],
-    tokenizer: Any, params: SamplingParams, require_correct: bool, concurrency: int = 16,
+    tokenizer: Tokenizer, params: SamplingParams, require_correct: bool, concurrency: int = 16,
 ) -> SFTExamples:
     """Replay every conversation; keep the ones that are SFT examples (`why_dropped`)."""
     sem = asyncio.Semaphore(concurrency)

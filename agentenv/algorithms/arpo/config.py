@@ -152,17 +152,6 @@ class ARPOConfig(GRPOConfig):
                 "token counted once would carry only its carrier's KL tail, not the mean over the trajectories "
                 "sharing it; use advantage: hard (each copy its own return), or kl_coef: 0",
             )
-        choices = {
-            "branch_rule": ("threshold", "stochastic"),
-            "advantage": ("soft", "hard", "hard_once"),
-            "fork_decision": ("per_point", "per_fork"),
-            "entropy_norm": ("log_vocab", "none"),
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ConfigError(
-                    f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
-                )
 
     @property
     def branch_budget(self) -> int:

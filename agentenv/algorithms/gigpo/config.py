@@ -48,8 +48,6 @@ class StepConfig:
             raise ConfigError(
                 "algorithm.step_advantage_weight", f"must be a finite number >= 0, got {self.step_advantage_weight}"
             )
-        if self.anchors not in ("key", "similarity"):
-            raise ConfigError("algorithm.anchors", f"must be one of 'key', 'similarity', got {self.anchors!r}")
         if not (0.0 < self.similarity_threshold < 1.0):
             raise ConfigError(
                 "algorithm.similarity_threshold", f"must be in (0, 1) (1 is anchors: key), got {self.similarity_threshold}"
@@ -79,10 +77,6 @@ class GiGPOConfig(StepConfig, GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_steps()
-        if self.episode_weighting not in ("trajectory", "step"):
-            raise ConfigError(
-                "algorithm.episode_weighting", f"must be one of 'trajectory', 'step', got {self.episode_weighting!r}"
-            )
 
 
 @dataclass(frozen=True)

@@ -85,15 +85,7 @@ class TokenLossConfig(GroupConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("algorithm.kl_coef", self.kl_coef, low_ok=True)
-        choices = {"rollout_correction": ("none", "tis", "mis"), "rollout_correction_level": ("token", "sequence")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ConfigError(
-                    f"algorithm.{key}", f"must be one of {', '.join(map(repr, allowed))}, got {getattr(self, key)!r}"
-                )
         check_number("algorithm.rollout_correction_cap", self.rollout_correction_cap, low=1.0)
-        if self.off_policy not in ("none", "decoupled"):
-            raise ConfigError("algorithm.off_policy", f"must be 'none' or 'decoupled', got {self.off_policy!r}")
         if self.off_policy == "decoupled" and self.rollout_correction != "none":
             raise ConfigError(
                 "algorithm.off_policy",
@@ -116,13 +108,6 @@ class MeanLossConfig(TokenLossConfig):
     """
 
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.loss_agg not in ("token_mean", "seq_mean_token_mean"):
-            raise ConfigError(
-                "algorithm.loss_agg", f"must be 'token_mean' or 'seq_mean_token_mean', got {self.loss_agg!r}"
-            )
 
 
 @dataclass(frozen=True)

@@ -386,6 +386,7 @@ class MCPTool:
     """One tool of one MCP server, as an agentenv `Tool` (name, description and schema from the server).
 
     Prototypes are made by `make_mcp_tools`; an episode's copy comes from `fork()`.
+    `server` names its server (`FromServer`).
     """
 
     def __init__(self, name: str, description: str, schema: dict[str, Any], server: str, owner: MCPToolSet,

@@ -54,6 +54,10 @@ def test_each_servers_tools_are_listed_under_their_names_with_schemas(both):
     from agentenv.tools.base import tool_schema
 
     assert tool_schema(add)["function"]["parameters"] == add.schema  # what the hermes format shows the model
+    from agentenv.tools.base import FromServer
+    from agentenv.training.build import _source
+
+    assert isinstance(add, FromServer) and _source("mcp", add) == "env.tools.mcp.servers.calc"  # where errors point
 
 
 async def test_calls_and_every_mistake_is_a_result(both):
