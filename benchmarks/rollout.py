@@ -95,7 +95,7 @@ class LatentEnv(AgentEnv):
         self._forks = 0
         return out
 
-    def fork(self) -> "LatentEnv":
+    def fork(self) -> LatentEnv:
         new = super().fork()
         self._forks += 1
         new._lineage = self._lineage + (len(self._context), self._forks)

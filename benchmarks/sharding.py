@@ -40,8 +40,8 @@ def worker(shape: str, strategy: str, seq: int, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agentenv.configs import LoraConfig
-    from agentenv.policies.hf import HFPolicy
     from agentenv.policies.config import HFPolicyConfig
+    from agentenv.policies.hf import HFPolicy
     from agentenv.policies.models import resolve_model_path
     from agentenv.training import sharding
 

@@ -20,7 +20,15 @@ from agentenv.algorithms.arpo import ARPO, ARPOConfig, TreeSampler
 from agentenv.algorithms.base import group_generated_tokens
 from agentenv.algorithms.grpo import IndependentSampler
 from agentenv.envs.agent_env import AgentEnv
-from agentenv.envs.testing import CounterTool, EchoTool, FailingTool, SleepTool, boxed_reward, build_test_tokenizer, make_task
+from agentenv.envs.testing import (
+    CounterTool,
+    EchoTool,
+    FailingTool,
+    SleepTool,
+    boxed_reward,
+    build_test_tokenizer,
+    make_task,
+)
 from agentenv.types import Generation, Group, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=64)
@@ -435,7 +443,7 @@ def test_a_failing_tool_fails_its_paths_not_the_group(tok):
 class UnforkableTool(CounterTool):
     """A session that cannot be copied once it holds state (fork raises)."""
 
-    def fork(self) -> "UnforkableTool":
+    def fork(self) -> UnforkableTool:
         if self.count:
             raise RuntimeError("session cannot be copied")
         return UnforkableTool(self.name)

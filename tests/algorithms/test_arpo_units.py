@@ -22,9 +22,9 @@ from agentenv.algorithms.arpo.sampler import _cut_at_spanning_stop
 from agentenv.algorithms.base import Algorithm, Sampler, TrainBatch, generated_tokens, group_generated_tokens
 from agentenv.algorithms.core import policy_loss
 from agentenv.algorithms.grpo import GRPO, GRPOConfig
-from agentenv.loader import build_dataclass
 from agentenv.envs.testing import build_test_tokenizer, make_task
 from agentenv.errors import ConfigError
+from agentenv.loader import build_dataclass
 from agentenv.types import Generation, Group, Segment, Trajectory
 
 # --------------------------------------------------------------------------- config

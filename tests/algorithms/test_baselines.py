@@ -12,7 +12,6 @@ import torch
 from agentenv.algorithms import available, get_algorithm
 from agentenv.algorithms.arpo import ARPOConfig, arpo_advantages
 from agentenv.algorithms.base import LossNorm, TrainBatch
-from agentenv.algorithms.dapo import DAPO, DAPOConfig, overlong_penalty
 from agentenv.algorithms.core import (
     constant_normalized_sum,
     get_estimator,
@@ -23,6 +22,7 @@ from agentenv.algorithms.core import (
     mean_centred_advantages,
     reinforce_pp_step,
 )
+from agentenv.algorithms.dapo import DAPO, DAPOConfig, overlong_penalty
 from agentenv.algorithms.grpo import GRPO, GRPOConfig
 from agentenv.algorithms.gspo import GSPO, GSPOConfig, gspo_loss
 from agentenv.algorithms.presets import DrGRPOConfig, ReinforcePP, ReinforcePPConfig, RLOOConfig

@@ -32,7 +32,7 @@ class TextTool:
     async def __call__(self, query: str) -> ToolResult:
         return ToolResult(text=self.text)
 
-    def fork(self) -> "TextTool":
+    def fork(self) -> TextTool:
         return self
 
     async def aclose(self) -> None:

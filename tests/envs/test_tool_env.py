@@ -4,9 +4,8 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
-from agentenv.envs.testing import build_test_tokenizer
+from agentenv.envs.testing import CounterTool, EchoTool, SleepTool, build_test_tokenizer
 from agentenv.envs.tool_env import ToolEnv, ToolEnvConfig
-from agentenv.envs.testing import CounterTool, EchoTool, SleepTool
 from agentenv.errors import ConfigError
 
 

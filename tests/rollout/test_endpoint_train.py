@@ -48,9 +48,9 @@ def agents_on_path():
 @pytest.fixture(scope="module")
 def trained(agents_on_path, tiny_model_path, tmp_path_factory):
     """Two GRPO steps of `graded_calc_agent`, the groups each step rolled out kept (a spy on the real runner)."""
-    from agentenv.training.trainer import Trainer
-
     import endpoint_agents
+
+    from agentenv.training.trainer import Trainer
 
     endpoint_agents.LOG.clear()
     cfg = config_from_dict({}, AGENT_RUN + [f"trainer.output_dir={tmp_path_factory.mktemp('agent') / 'run'}"])

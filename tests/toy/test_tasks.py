@@ -8,8 +8,8 @@ import re
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.toy.tasks import TOY_SYSTEM_PROMPT
 from agentenv.toy.tasks import (
+    TOY_SYSTEM_PROMPT,
     ToyConfig,
     build_toy_suite,
     load_toy_tasks,

@@ -69,9 +69,9 @@ def test_tokenizer_specials_tags_digits_and_chat_template():
 
 
 def test_traces_are_token_exact_and_masked(tmp_path):
-    from agentenv.toy.tiny.traces import make_tools, make_traces_async
     from agentenv.tasks.prompts import render_prompt
     from agentenv.toy.tasks import ToyConfig, build_toy_suite, reference_turns
+    from agentenv.toy.tiny.traces import make_tools, make_traces_async
 
     tok = load_tiny_tokenizer()
     suite = build_toy_suite(ToyConfig(n_arith_train=2, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
@@ -109,12 +109,16 @@ def test_estimate_is_the_result_rounded_to_two_significant_digits():
 
 
 def test_estimate_traces_skip_the_tool_and_answer_well_formed_but_wrong(tmp_path):
-    from agentenv.toy.tiny.traces import (
-        ESTIMATE_THINK, estimate_turns, make_tools, make_traces_async, pick_estimates,
-    )  # fmt: skip
     from agentenv.tasks.prompts import render_prompt
     from agentenv.tasks.rewards import arpo_reward
     from agentenv.toy.tasks import ToyConfig, build_toy_suite
+    from agentenv.toy.tiny.traces import (
+        ESTIMATE_THINK,
+        estimate_turns,
+        make_tools,
+        make_traces_async,
+        pick_estimates,
+    )  # fmt: skip
 
     tok = load_tiny_tokenizer()
     suite = build_toy_suite(ToyConfig(n_arith_train=10, n_twohop_train=2, n_both_train=2, n_arith_heldout=0,
@@ -382,12 +386,13 @@ def test_first_hop_query_copies_the_heldout_name_from_the_question(tiny_model_pa
 
 @pytest.mark.slow
 def test_tiny_model_solves_a_heldout_task_through_the_hf_policy(tiny_model_path, tmp_path):
+    import torch
+
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
-    from agentenv.training.scoring import sequence_logprobs
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
     from agentenv.toy.tiny.evaluate import evaluate_policy
     from agentenv.toy.tiny.traces import make_tools
-    from agentenv.toy.tasks import ToyConfig, build_toy_suite
-    import torch
+    from agentenv.training.scoring import sequence_logprobs
 
     info = json.loads((tiny_model_path / "build_info.json").read_text())
     policy = HFPolicy(HFPolicyConfig(model=str(tiny_model_path), device="cpu"))

@@ -95,7 +95,7 @@ class ChaoticTool:
             chaos.python_ok_after_kill += 1
         return result
 
-    def fork(self) -> "ChaoticTool":
+    def fork(self) -> ChaoticTool:
         return ChaoticTool(self.inner.fork(), self.chaos)
 
     async def aclose(self) -> None:

@@ -15,8 +15,8 @@ import torch
 
 from agentenv.configs import config_from_dict
 from agentenv.errors import AgentEnvError, InfraError
-from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.policies.models import resolve_model_path
+from agentenv.policies.scripted import ScriptedPolicy
 from agentenv.training.build import build_runtime, make_env_factory
 from agentenv.training.checkpoint import latest_checkpoint
 from agentenv.training.metrics import read_metrics

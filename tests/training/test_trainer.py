@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from agentenv.training.scoring import sequence_logprobs
 from agentenv.training.metrics import read_metrics
+from agentenv.training.scoring import sequence_logprobs
 from agentenv.training.trainer import Trainer
 
 

@@ -62,7 +62,7 @@ class Calculator:
             return ToolResult(text="", ok=False, error=f"cannot evaluate: {e}")
         return ToolResult(text=f"{self.config.prefix}{value}")
 
-    def fork(self) -> "Calculator":
+    def fork(self) -> Calculator:
         return self
 
     async def aclose(self) -> None:

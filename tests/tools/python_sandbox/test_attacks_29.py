@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from agentenv.errors import ConfigError, ToolError
-from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool, SandboxPool, SessionLost, make_python_tool
+from agentenv.tools.python_sandbox import PythonSandboxConfig, PythonTool, SessionLost, make_python_tool
 
 pytestmark = pytest.mark.docker
 

@@ -10,8 +10,8 @@ import pytest
 
 from agentenv.envs import AgentEnv
 from agentenv.envs.testing import build_test_tokenizer, make_task
-from agentenv.rollout import run_episode
 from agentenv.policies.scripted import ScriptedPolicy
+from agentenv.rollout import run_episode
 from agentenv.tasks.rewards import arpo_reward
 from agentenv.types import SamplingParams
 

@@ -10,7 +10,14 @@ import time
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.tools.python_sandbox import ExecResult, PythonSandboxConfig, clean_code, make_python_tool, runner, to_tool_result
+from agentenv.tools.python_sandbox import (
+    ExecResult,
+    PythonSandboxConfig,
+    clean_code,
+    make_python_tool,
+    runner,
+    to_tool_result,
+)
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,8 @@ async def test_dense_tool_through_the_factory(corpus, encoder, monkeypatch):
 
 
 def test_toy_heldout_hops_in_top3(encoder, tmp_path):
-    from agentenv.toy.tasks import ToyConfig, build_toy_suite
     from agentenv.tools.search.dense import DenseRetriever
+    from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
     suite = build_toy_suite(ToyConfig(seed=0))
     kb = suite.kb

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentenv.toy.tasks import ToyConfig, build_toy_suite
 from agentenv.tools.search import BM25Retriever
+from agentenv.toy.tasks import ToyConfig, build_toy_suite
 
 TOP = 3
 
