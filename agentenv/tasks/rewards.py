@@ -299,9 +299,15 @@ class ScoreLike(Protocol):
 
 @runtime_checkable
 class Graded(ScoreLike, Protocol):
-    """A result record that also says whether the format held, the answer it read, and why."""
+    """A result record that also says whether the format held."""
 
     format_ok: bool
+
+
+@runtime_checkable
+class Explained(Protocol):
+    """A result record that says the answer it read and why (each part of a record is read on its own)."""
+
     answer: str | None
     reason: str
 
@@ -572,10 +578,10 @@ def as_reward_result(r: Any) -> RewardResult:
     if isinstance(r, tuple) and len(r) == 2:
         score, correct = r
         return RewardResult(float(score), bool(correct), True, None, "")
-    if isinstance(r, Graded):
-        return RewardResult(float(r.score), bool(r.correct), bool(r.format_ok), r.answer, str(r.reason))
     if isinstance(r, ScoreLike):
-        return RewardResult(float(r.score), bool(r.correct), True, None, "")
+        format_ok = bool(r.format_ok) if isinstance(r, Graded) else True
+        answer, reason = (r.answer, str(r.reason)) if isinstance(r, Explained) else (None, "")
+        return RewardResult(float(r.score), bool(r.correct), format_ok, answer, reason)
     raise TypeError(f"a reward must return a RewardResult, an object with .score and .correct, or (score, correct); got {r!r}")
 
 

@@ -280,6 +280,8 @@ def test_a_users_reward_may_return_its_own_record():
     assert (plain.score, plain.correct, plain.format_ok, plain.answer, plain.reason) == (0.5, True, True, None, "")
     full = as_reward_result(SimpleNamespace(score=-1, correct=False, format_ok=False, answer="4", reason="no tags"))
     assert (full.score, full.correct, full.format_ok, full.answer, full.reason) == (-1.0, False, False, "4", "no tags")
+    graded = as_reward_result(SimpleNamespace(score=-1, correct=False, format_ok=False))  # no answer or reason
+    assert (graded.format_ok, graded.answer, graded.reason) == (False, None, "")
     with pytest.raises(TypeError, match=r"\.score and \.correct"):
         as_reward_result(SimpleNamespace(score=0.5))  # says nothing of correctness
 
