@@ -63,8 +63,8 @@ def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
 
 
 def test_the_progress_bar_itemizes_the_step():
-    from agentenv.training.trainer import _describe
+    from agentenv.training.metrics import describe
 
-    text = _describe({"rollout/reward": 0.25, "rollout/accuracy": 0.5, "time/rollout_s": 4.04,
+    text = describe({"rollout/reward": 0.25, "rollout/accuracy": 0.5, "time/rollout_s": 4.04,
                       "time/old_logprobs_s": 1.2, "time/update_s": 8.0, "time/push_s": 0.31})  # fmt: skip
     assert text == "r=0.25 acc=0.50 | roll 4.0 lp 1.2 upd 8.0 push 0.3 s"
