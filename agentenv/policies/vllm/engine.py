@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentenv.errors import InfraError
@@ -115,25 +116,56 @@ class WeightBuffer:
         self._named = False  # a temp file to remove at close
         self._map: Any = None  # (size,) uint8 tensor over the whole buffer
 
-    def write(self, items: Iterable[tuple[str, Any]], dtype: Any) -> tuple[int, list[list[Any]]]:
+    def write(
+        self, items: Iterable[tuple[str, Any]], dtype: Any, stacked: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[int, list[list[Any]]]:
         """Write the tensors one after the other (names without a wrapper's prefix); returns the bytes used and
-        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them)."""
+        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them).
+
+        `stacked`: the tensors the engine stacks into one weight (vLLM's
+        `packed_modules_mapping`, `{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`).
+        The shards of one stacked weight (`layers.0.self_attn.{q,k,v}_proj.weight`)
+        are written one after another in that order, with no gap, as soon as
+        the last of them arrived, so the stacked weight is a view of the buffer
+        (`_vllm_worker._stacked`); shards of a weight not complete at the end
+        are written then, as they came.
+        """
+        shard_of = {s: (name, i, len(shards)) for name, shards in (stacked or {}).items() for i, s in enumerate(shards)}
         index: list[list[Any]] = []
         offset = 0
-        for name, tensor in items:
+
+        def place(name: str, tensor: Any, gap: bool) -> None:
+            nonlocal offset
             t = tensor.detach()
             to = dtype if t.is_floating_point() else t.dtype
             n = t.numel() * to.itemsize
             if offset + n > self.size:
                 self._grow(offset + n)
             self._map[offset : offset + n].view(to).view(t.shape).copy_(t)  # the one copy; a cast, a GPU's download
-            index.append([_strip_wrapper_prefix(name), str(to).removeprefix("torch."), list(t.shape), offset])
-            offset += _aligned(n)
+            index.append([name, str(to).removeprefix("torch."), list(t.shape), offset])
+            offset = _aligned(offset + n) if gap else offset + n
+
+        pending: dict[tuple[str, str, str], dict[int, tuple[str, Any]]] = {}
+        for name, tensor in items:
+            name = _strip_wrapper_prefix(name)
+            path, _, leaf = name.rpartition(".")
+            parent, _, last = path.rpartition(".")
+            if last not in shard_of:
+                place(name, tensor, gap=True)
+                continue
+            whole, i, n = shard_of[last]
+            group = pending.setdefault((parent, whole, leaf), {})
+            group[i] = (name, tensor)
+            if len(group) == n:
+                del pending[(parent, whole, leaf)]
+                for j in range(n):
+                    place(*group[j], gap=j == n - 1)
+        for group in pending.values():
+            for item in group.values():
+                place(*item, gap=True)
         return offset, index
 
     def _grow(self, at_least: int) -> None:
-        import tempfile
-
         import torch
 
         if self._fd is None:

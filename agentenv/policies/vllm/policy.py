@@ -69,6 +69,7 @@ class VLLMPolicy(PolicyBackend):
         self.max_model_len: int = model_config.max_model_len
         self._dtype = model_config.dtype  # torch dtype of the served weights
         self._buffer = WeightBuffer(config.weight_chunk_mb << 20)  # what a push writes and the workers map
+        self._stacked: dict[str, list[str]] | None = None  # the model's stacked layers (`WeightBuffer.write`)
 
     async def _start_engine(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -287,12 +288,18 @@ class VLLMPolicy(PolicyBackend):
         executor; an engine spread over nodes takes the NCCL path). The buffer
         holds a host copy of the weights from the first push until `close`.
         """
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._push(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+    def _push(self, items: Iterable[tuple[str, Any]], in_place: bool = True) -> None:
+        """`load_weights`; `in_place=False` loads with vLLM's layerwise reload even where the in-place commit
+        would (`agentenv.policies._vllm_worker`): tests and benchmarks compare the two."""
 
         def transfer() -> None:
-            size, index = self._buffer.write(items, self._dtype)
+            if self._stacked is None:  # the engine's stacked layers: their shards go side by side in the buffer
+                self._stacked = self._loop.run(self._engine.collective_rpc("agentenv_packed_modules"))[0]
+            size, index = self._buffer.write(items, self._dtype, self._stacked)
             self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(self._buffer.path, size, index)))
-            self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
+            self._loop.run(self._engine.collective_rpc("agentenv_commit_weights", args=(in_place,)))
 
         self._update(transfer)
 
