@@ -466,9 +466,12 @@ def test_an_in_place_push_computes_what_vllms_reload_computes_bit_for_bit(policy
     def changed(*names: str) -> dict[str, torch.Tensor]:
         return {k: v + 0.05 * torch.randn(v.shape, generator=g) if not names or k in names else v for k, v in original.items()}
 
+    tied = changed("model.embed_tokens.weight")
+    if "lm_head.weight" in tied:  # transformers lists a tied head too; sent stale, it would win (loaded last)
+        tied["lm_head.weight"] = tied["model.embed_tokens.weight"]
     cases = {
         "every tensor": changed(),
-        "the tied embedding": changed("model.embed_tokens.weight"),
+        "the tied embedding": tied,
         "k of q, k, v": changed("model.layers.1.self_attn.k_proj.weight"),
         "up of gate, up": changed("model.layers.2.mlp.up_proj.weight"),
         "a bias": changed("model.layers.0.self_attn.v_proj.bias"),
