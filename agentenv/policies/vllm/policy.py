@@ -15,7 +15,7 @@ from agentenv._reaper import Reaper, tagged
 from agentenv.errors import InfraError
 from agentenv.policies.backend import BackendStats, PolicyBackend, load_hf_tokenizer
 from agentenv.policies.vllm.config import _CALL_MODES, CallEntropyMode, VLLMPolicyConfig
-from agentenv.policies.vllm.engine import WeightBuffer, _import_vllm, engine_args
+from agentenv.policies.vllm.engine import CoreClaim, WeightBuffer, _import_vllm, _on_cpu, engine_args
 from agentenv.policies.vllm.entropy import _token_logprobs_and_entropies
 from agentenv.types import FinishReason, Generation, SamplingParams, Tokenizer
 
@@ -55,12 +55,14 @@ class VLLMPolicy(PolicyBackend):
         # Armed before the engine's processes exist, and they carry its tag from birth: a SIGKILL
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
         self._reaper = Reaper(tag=True)
+        self._cores = CoreClaim(config.tensor_parallel_size, on_cpu=_on_cpu())  # this engine's cores
         try:
-            with tagged(cast(str, self._reaper.tag)):  # Reaper(tag=True) always has one
+            with tagged(cast(str, self._reaper.tag)), self._cores.bound():  # Reaper(tag=True) always has one
                 self._engine = self._loop.run(self._start_engine())
         except BaseException:
             self._loop.stop(join_s=30)
             self._reaper.release()
+            self._cores.release()
             raise
         # Shut the engine down before interpreter teardown if the owner never closes it.
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -69,6 +71,7 @@ class VLLMPolicy(PolicyBackend):
         self.max_model_len: int = model_config.max_model_len
         self._dtype = model_config.dtype  # torch dtype of the served weights
         self._buffer = WeightBuffer(config.weight_chunk_mb << 20)  # what a push writes and the workers map
+        self._stacked: dict[str, list[str]] | None = None  # the model's stacked layers (`WeightBuffer.write`)
 
     async def _start_engine(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -287,12 +290,18 @@ class VLLMPolicy(PolicyBackend):
         executor; an engine spread over nodes takes the NCCL path). The buffer
         holds a host copy of the weights from the first push until `close`.
         """
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._push(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+    def _push(self, items: Iterable[tuple[str, Any]], in_place: bool = True) -> None:
+        """`load_weights`; `in_place=False` loads with vLLM's layerwise reload even where the in-place commit
+        would (`agentenv.policies._vllm_worker`): tests and benchmarks compare the two."""
 
         def transfer() -> None:
-            size, index = self._buffer.write(items, self._dtype)
+            if self._stacked is None:  # the engine's stacked layers: their shards go side by side in the buffer
+                self._stacked = self._loop.run(self._engine.collective_rpc("agentenv_packed_modules"))[0]
+            size, index = self._buffer.write(items, self._dtype, self._stacked)
             self._loop.run(self._engine.collective_rpc("agentenv_stage_weights", args=(self._buffer.path, size, index)))
-            self._loop.run(self._engine.collective_rpc("agentenv_commit_weights"))
+            self._loop.run(self._engine.collective_rpc("agentenv_commit_weights", args=(in_place,)))
 
         self._update(transfer)
 
@@ -384,6 +393,7 @@ class VLLMPolicy(PolicyBackend):
             self._loop.stop(join_s=30)
             self._buffer.close()
             self._reaper.release()
+            self._cores.release()
             # Dropped now, while the interpreter is whole: AsyncLLM.__del__ at exit fails noisily.
             self._engine = None
 
