@@ -28,7 +28,25 @@ def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # set in each xdist worker, which collects what it runs
         return
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_modules)  # stable: files and tests keep their order
+    first = {name: i for i, name in enumerate(_LONGEST_MODULES)}
+
+    def rank(item: pytest.Item) -> tuple[int, bool]:
+        return first.get(item.path.relative_to(config.rootpath).as_posix(), len(first)), item.path not in slow_modules
+
+    items.sort(key=rank)  # stable: files and tests keep their order
+
+
+# The modules that took longest in a serial run (`--durations`, the tests' times summed per module), longest
+# first: one worker starts the longest while the other works through the rest, so neither ends last on one of
+# them alone. A module missing here only loses its place at the front.
+_LONGEST_MODULES = (
+    "tests/toy/test_tiny_shipped.py",  # the tiny model's fresh build: 202 s
+    "tests/distributed/test_ray_rollout.py",
+    "tests/training/test_sharding.py",
+    "tests/training/test_real_grpo.py",
+    "tests/policies/test_vllm.py",
+    "tests/training/test_first_run.py",
+)
 
 
 @pytest.fixture(scope="session")
