@@ -91,15 +91,22 @@ def tagged(tag: str) -> Iterator[None]:
     The environment is the process's: children another thread starts meanwhile
     carry the tag too, and are reaped with the owner's.
     """
-    before = os.environ.get(TAG_VAR)
-    os.environ[TAG_VAR] = tag
+    with scoped_env(TAG_VAR, tag):
+        yield
+
+
+@contextlib.contextmanager
+def scoped_env(key: str, value: str) -> Iterator[None]:
+    """`os.environ[key] = value` inside, its old value (or none) after."""
+    before = os.environ.get(key)
+    os.environ[key] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(TAG_VAR, None)
+            os.environ.pop(key, None)
         else:
-            os.environ[TAG_VAR] = before
+            os.environ[key] = before
 
 
 class Reaper:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from agentenv._reaper import scoped_env
 from agentenv.errors import InfraError
 from agentenv.policies.vllm.config import _EXTENSION, VLLMPolicyConfig
 
@@ -127,15 +128,8 @@ class CoreClaim:
         if not self.cores:
             yield
             return
-        key, old = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-        os.environ[key] = ",".join(map(str, self.cores))
-        try:
+        with scoped_env("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, self.cores))):
             yield
-        finally:
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
     def release(self) -> None:
         """Free the cores (idempotent)."""
