@@ -52,6 +52,9 @@ SERVER_VAR = "AGENTENV_MCP_SERVER"
 MAX_SCHEMA_DEPTH = 64
 """Deepest nesting of a tool's input schema a server may list (a 400-deep one is refused at start, by name)."""
 _PING_TIMEOUT_S = 10.0
+# After a message the client could not parse arrives during a listing, how long the listing still may answer
+# (the dropped message was most likely the listing itself, which then never comes)
+_DROPPED_GRACE_S = 2.0
 """How long the ping sent after a failed call is waited for (a ping that fails says the server is gone; one
 still unanswered then says nothing: the server is busy)."""
 
@@ -97,6 +100,7 @@ class ServerProcess:
         self._lock: asyncio.Lock | None = None
         self.generation = 0  # starts so far: a failed call restarts only the session it used
         self.transport_error: Exception | None = None  # the last message the client could not parse, if any
+        self._dropped: asyncio.Event | None = None  # set when such a message arrives
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
         from mcp import ClientSession
@@ -142,6 +146,8 @@ class ServerProcess:
         parse and dropped, so the request it answered waits until its limit)."""
         if isinstance(message, Exception):
             self.transport_error = message
+            if self._dropped is not None:
+                self._dropped.set()
         await asyncio.sleep(0)
 
     async def start(self) -> None:
@@ -181,7 +187,25 @@ class ServerProcess:
         await self.start()
 
     async def list_tools(self) -> list[Any]:
-        return list((await self.session.list_tools()).tools)
+        """The server's tools. A message the client cannot parse while it lists them is most likely the listing,
+        which the SDK drops (so the request would wait out its limit): after one, the listing has
+        `_DROPPED_GRACE_S` more, then fails naming the parse error."""
+        self._dropped = asyncio.Event()
+        listing = asyncio.ensure_future(self.session.list_tools())
+        dropped = asyncio.ensure_future(self._dropped.wait())
+        try:
+            await asyncio.wait({listing, dropped}, return_when=asyncio.FIRST_COMPLETED)
+            if not listing.done():
+                await asyncio.wait({listing}, timeout=_DROPPED_GRACE_S)
+            if not listing.done():
+                e = cast(Exception, self.transport_error)
+                raise ToolError("listing its tools failed: the MCP client could not parse a message from the server "
+                                f"and dropped it ({type(e).__name__}: {_cause(e).splitlines()[0]}): "
+                                "a tool schema nested too deep for its parser does this")  # fmt: skip
+            return list(listing.result().tools)
+        finally:
+            listing.cancel()
+            dropped.cancel()
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
         """Call a tool; every failure is a result (a dead or hung server is restarted first)."""
@@ -472,10 +496,6 @@ class MCPToolSet:
                 why = f"{type(e).__name__}: {_cause(e)}"
                 if isinstance(e, TimeoutError):
                     why = f"no answer within startup_timeout_s={spec.startup_timeout_s:g} s"
-                    if proc.transport_error is not None:
-                        why += (f"; the MCP client could not parse a message from the server and dropped it "
-                                f"({type(proc.transport_error).__name__}: {_cause(proc.transport_error).splitlines()[0]}): "
-                                "a tool schema nested too deep for its parser does this")  # fmt: skip
                 raise ConfigError(f"env.tools.mcp.servers.{name}", f"listing its tools failed: {why}") from None
             wanted = set(spec.tools) if spec.tools is not None else None
             chosen = [t for t in listed if wanted is None or t.name in wanted]
