@@ -95,9 +95,9 @@ class Timed:
                     return
                 yield item
 
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), time.time()
         self.inner.load_weights(timed())
-        self.times = {"fetch_s": fetch, "engine_s": time.perf_counter() - t0 - fetch}
+        self.times = {"fetch_s": fetch, "engine_s": time.perf_counter() - t0 - fetch, "start": start, "end": time.time()}
 
     def metrics(self) -> dict[str, float]:
         return dict(self.times)
@@ -177,6 +177,10 @@ def engine_push(pol: Any, weights: dict[str, Any], repeats: int) -> dict[str, fl
             assert {i["version"] for i in infos} == {p.weight_version}  # every worker loaded this push
             for k in ("fetch_s", "engine_s"):
                 runs[k].append(max(i["metrics"][k] for i in infos))
+            # how many workers loaded at once: their load times summed over the span from the first start to
+            # the last end (n: side by side, 1: one after another)
+            span = max(i["metrics"]["end"] for i in infos) - min(i["metrics"]["start"] for i in infos)
+            runs.setdefault("at_once", []).append(sum(i["metrics"]["end"] - i["metrics"]["start"] for i in infos) / span)
         out.update({f"{n}w_{k}": statistics.median(v) for k, v in runs.items()})
     return out
 
@@ -284,7 +288,11 @@ def push_table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
             return "-"
         node: Any = r
         for k in key.split("."):
+            if k not in node:
+                return "-"
             node = node[k]
+        if key.endswith("at_once"):
+            return f"{node:6.2f}"
         return f"{node:6.2f} s {mb / node:6.0f} MB/s"
 
     rows = [(f"memcpy (this machine's ceiling, {after['memcpy_MBps']:.0f} MB/s)", None)]
@@ -293,7 +301,8 @@ def push_table(after: dict[str, Any], before: dict[str, Any] | None) -> str:
         if b not in after:
             continue
         rows += [(f"{b}: fetch (worker's wait)", f"{b}.{{n}}w_fetch_s"), (f"{b}: engine load", f"{b}.{{n}}w_engine_s"),
-                 (f"{b}: end to end", f"{b}.{{n}}w_total_s")]  # fmt: skip
+                 (f"{b}: end to end", f"{b}.{{n}}w_total_s"),
+                 (f"{b}: workers loading at once", f"{b}.{{n}}w_at_once")]  # fmt: skip
     cols = [(n, r) for n in (1, 2) for r in ((before, after) if before is not None else (after,))]
     heads = [f"{n} worker{'s' if n > 1 else ''} {'before' if r is before and before is not None else 'after'}" for n, r in cols]
     title = f"part ({mb:.0f} MB fp32, {after['params_b']:.2f}B)"
@@ -317,6 +326,7 @@ def main() -> None:
     ap.add_argument("--baseline", help="push: a checkout of agentenv to measure first, as `before`, in a subprocess")
     ap.add_argument("--json", help="push: write its numbers here")
     ap.add_argument("--engines", default="hf,vllm", help="push: the backends the workers run")
+    ap.add_argument("--one-node", action="store_true", help="both workers on one Ray node (default: a node each)")
     args = ap.parse_args()
     parts = set(args.part.split(","))
     with tempfile.TemporaryDirectory() as d:
@@ -336,7 +346,7 @@ def _baseline(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--part", "push", "--model", args.model, "--json", f.name,
                "--repeats", str(args.repeats), "--memory", str(args.memory), "--store-gb", str(args.store_gb),
-               "--engines", args.engines]  # fmt: skip
+               "--engines", args.engines] + ["--one-node"] * args.one_node  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
         print("baseline:", " ".join(cmd), "with PYTHONPATH", env["PYTHONPATH"], flush=True)
         subprocess.run(cmd, env=env, check=True)
@@ -354,8 +364,11 @@ def _run(args: argparse.Namespace, parts: set[str], before: dict[str, Any] | Non
     from agentenv.toy.tiny import ensure_tiny_model
 
     store = {"object_store_memory": args.store_gb << 30}  # Ray's default follows free memory: small on a busy machine
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False, **store})
-    c.add_node(num_cpus=2, resources={"rollout": 1}, **store)
+    # --one-node: both workers on the head node, beside the lead, reading its object store (no transfer)
+    head = {"num_cpus": 4 if args.one_node else 2, "resources": {"rollout": 2 if args.one_node else 1}}
+    c = Cluster(initialize_head=True, head_node_args={**head, "include_dashboard": False, **store})
+    if not args.one_node:
+        c.add_node(num_cpus=2, resources={"rollout": 1}, **store)
     rows: list[tuple[str, str, str]] = []
     push = ""
     try:
