@@ -279,7 +279,10 @@ class EngineWatch:
 
         self.policy, self.period_s = policy, period_s
         self.samples: list[tuple[float, float]] = []  # (time, requests in the engine)
-        self.resumed = 0.0  # requests a push aborted and resumed (the policy's counter; closed with the run)
+        # requests a push aborted and resumed in this run (the policy's counter, from its value now: the engine
+        # serves every run)
+        self._resumed_before = float(policy.metrics()["resumed_requests"])
+        self.resumed = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -291,7 +294,7 @@ class EngineWatch:
             except AttributeError:  # the run closed its engine
                 return
             self.samples.append((time.perf_counter(), m["unfinished_requests"]))
-            self.resumed = max(self.resumed, m["resumed_requests"])
+            self.resumed = max(self.resumed, m["resumed_requests"] - self._resumed_before)
 
     def idle_frac(self, end: float) -> float:
         """Share of samples with no request in the engine, from its first request to `end`."""

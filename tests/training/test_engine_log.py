@@ -79,6 +79,26 @@ def test_library_loggers_go_to_the_log_until_close(tmp_path, capfd, library):
         root.handlers, root.propagate = before
 
 
+def test_a_handler_made_inside_the_capture_outlives_the_closed_file(tmp_path, capfd):
+    """vLLM configures its logging when first imported, with `ext://sys.stdout`: inside the capture that is the
+    log file, so an engine that outlives the run (shared by several) must not log into the closed file."""
+    root = logging.getLogger("vllm")
+    before = (list(root.handlers), root.propagate)
+    try:
+        log = EngineLog(tmp_path / "engine.log")
+        with log.capture():
+            root.handlers = [logging.StreamHandler(sys.stdout)]  # sys.stdout: the log file, here
+            root.propagate = False
+        logging.getLogger("vllm.engine").warning("during the run")
+        log.close()
+        logging.getLogger("vllm.engine").warning("after the run")
+        out, err = capfd.readouterr()
+        assert "during the run" in (tmp_path / "engine.log").read_text()
+        assert "after the run" in out and "Logging error" not in err
+    finally:
+        root.handlers, root.propagate = before
+
+
 def test_verbose_changes_nothing(capfd):
     log = EngineLog(None)
     with log.capture():
