@@ -122,9 +122,9 @@ class EngineLog:
         self._saved.clear()
         # A library that set its logging up inside `capture` (vLLM: `ext://sys.stdout`) made its handler write
         # into this file; after the close it writes where that stream goes now, not into a closed file.
-        for name in _ENGINE_LOGGERS:
+        for name in _ENGINE_LOGGERS if self._file is not None else ():
             for h in logging.getLogger(name).handlers:
-                if isinstance(h, logging.StreamHandler) and self._file is not None and h.stream is self._file:
+                if isinstance(h, logging.StreamHandler) and h.stream is self._file:
                     h.setStream(sys.stdout)
         if self._bars_disabled:
             from transformers.utils import logging as hf_logging

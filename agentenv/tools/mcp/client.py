@@ -52,11 +52,11 @@ SERVER_VAR = "AGENTENV_MCP_SERVER"
 MAX_SCHEMA_DEPTH = 64
 """Deepest nesting of a tool's input schema a server may list (a 400-deep one is refused at start, by name)."""
 _PING_TIMEOUT_S = 10.0
-# After a message the client could not parse arrives during a listing, how long the listing still may answer
-# (the dropped message was most likely the listing itself, which then never comes)
-_DROPPED_GRACE_S = 2.0
 """How long the ping sent after a failed call is waited for (a ping that fails says the server is gone; one
 still unanswered then says nothing: the server is busy)."""
+_DROPPED_GRACE_S = 2.0
+"""How long a listing may still answer after a message the client could not parse (most likely the listing
+itself, which then never comes)."""
 
 
 class MCPHub:
