@@ -584,3 +584,22 @@ def test_engine_processes_end_when_their_owner_is_killed(served, tmp_path, outli
 
     left = outlived(procs, 60)
     assert not left, f"engine processes outlived their owner: {left}"
+
+
+def test_closing_ends_the_engines_processes_and_leaves_this_processs_resource_tracker(policy):
+    """Last in the module: it closes the module's engine. The engine's processes end with the close; the
+    resource tracker that multiprocessing shares among this process's children is this process's, not the
+    engine's: it lives on (the reaper used to end it with the engine, after waiting out its grace)."""
+    from multiprocessing import resource_tracker
+
+    import psutil
+
+    from agentenv._reaper import tagged_pids
+
+    engine = tagged_pids(policy._reaper.tag)
+    assert engine, "the engine's processes carry the policy's tag"
+    tracker = resource_tracker._resource_tracker._pid
+    assert tracker is not None and tracker not in engine
+    policy.close()
+    assert tagged_pids(policy._reaper.tag) == []
+    assert psutil.pid_exists(tracker) and psutil.Process(tracker).status() != psutil.STATUS_ZOMBIE

