@@ -55,6 +55,11 @@ def met(extras: list[str]) -> bool:
     where = dist.read_text("direct_url.json") or ""
     if ROOT.as_uri() not in where:  # installed, but from another checkout
         return False
+    # A command or entry point added since the install is only registered by installing again.
+    declared = {("console_scripts", name, value) for name, value in project.get("scripts", {}).items()}
+    declared |= {(group, n, v) for group, points in project.get("entry-points", {}).items() for n, v in points.items()}
+    if not declared <= {(e.group, e.name, e.value) for e in dist.entry_points}:
+        return False
     wanted = list(project["dependencies"])
     for extra in extras:
         wanted += project["optional-dependencies"].get(extra, [])

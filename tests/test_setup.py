@@ -30,6 +30,14 @@ def test_a_requirement_not_installed_or_too_old_sends_setup_to_pip(tmp_path):
     assert met("", old) == 1
 
 
+def test_an_entry_point_added_since_the_install_sends_setup_to_pip(tmp_path):
+    text = (ROOT / "pyproject.toml").read_text()
+    added = tmp_path / "added.toml"
+    added.write_text(text.replace('[project.scripts]\n', '[project.scripts]\nagentenv-test-new = "agentenv.cli:main"\n', 1))
+    assert added.read_text() != text and met("", added) == 1
+    assert met("", ROOT / "pyproject.toml") == 0
+
+
 def test_lists_which_of_the_named_packages_are_installed():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--installed", "pyyaml", "no-such-package-agentenv-test"],
