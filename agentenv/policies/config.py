@@ -154,6 +154,10 @@ class HFPolicyConfig:
             model's `max_position_embeddings`.
         attn_implementation: transformers attention kernel.
         seed: Seeds the per-request generators of requests that bring no seed.
+        prefix_cache_mb: Most memory (MiB) the caches of finished requests are kept in, least recently used
+            dropped first, all of them at a weight push. A request whose prompt starts with tokens a kept
+            cache holds (at least as many as follow them) prefills only the rest: an agent's next turn
+            computes its new tokens only. 0 keeps none.
     """
 
     model: str
@@ -165,6 +169,7 @@ class HFPolicyConfig:
     max_model_len: int | None = None
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     seed: int = 0
+    prefix_cache_mb: int = 512
 
     def __post_init__(self) -> None:
         check_device("policy.device", self.device)
@@ -172,5 +177,7 @@ class HFPolicyConfig:
             raise ConfigError("policy.max_batch_size", f"must be an int >= 1, got {self.max_batch_size!r}")
         if not isinstance(self.max_prefill_tokens, int) or self.max_prefill_tokens < 1:
             raise ConfigError("policy.max_prefill_tokens", f"must be an int >= 1, got {self.max_prefill_tokens!r}")
+        if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
+            raise ConfigError("policy.prefix_cache_mb", f"must be an int >= 0, got {self.prefix_cache_mb!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("policy.max_model_len", f"must be >= 2 or None, got {self.max_model_len!r}")

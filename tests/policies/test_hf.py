@@ -341,3 +341,89 @@ def test_a_token_pushed_mid_turn_is_sampled_by_the_weights_its_version_names(sma
                 lp[0, len(prompt) - 1 :][at], torch.tensor(g.logprobs)[at], atol=tol, rtol=0,
                 msg=lambda m, v=version: f"tokens stamped version {v}: {m}",
             )  # fmt: skip
+
+
+def test_a_next_turn_computes_only_its_new_tokens_and_samples_as_a_whole_prefill_does(small_tokenizer):
+    """An agent's next turn (the last prompt, its reply, then a tool result) starts from the cache the last
+    turn left: only the new tokens are prefilled, and what is sampled and reported is what a policy that
+    prefills the whole context samples, each logprob and entropy the model's own scoring of the whole."""
+    tok = small_tokenizer
+    model = make_small_model(len(tok))
+    cached = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=model, tokenizer=tok)
+    whole = HFPolicy(HFPolicyConfig(model="-", device="cpu", prefix_cache_mb=0), model=model, tokenizer=tok)
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=4, include_eos=True)
+    ctx, reused = _prompt(tok, "the quick brown fox jumps over the lazy dog"), 0
+    for turn in range(3):
+        a, b = cached.generate_sync(ctx, params), whole.generate_sync(ctx, params)
+        assert a.token_ids == b.token_ids and a.versions == b.versions
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(a.entropies), torch.tensor(b.entropies), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            lp, ent = sequence_logprobs(model, torch.tensor([ctx + a.token_ids]), None, 1.0)
+        n = len(a.token_ids)
+        torch.testing.assert_close(lp[0, -n:], torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(ent[0, -n:], torch.tensor(a.entropies), atol=1e-4, rtol=0)
+        reused += len(ctx) + n - 1 if turn < 2 else 0  # what the next turn finds cached: all but the last token
+        ctx = ctx + a.token_ids + _prompt(tok, " result 42 .")
+        if turn == 0:  # the first turn's kept cache, as it was: reusing it must not write into it
+            kept = [(k.clone(), v.clone()) for p in cached._prefixes.values() for k, v in p.kv]
+    assert (cached.stats.prefix_hits, cached.stats.prefix_tokens) == (2, reused)
+    first = next(iter(cached._prefixes.values()))
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(first.kv, kept))
+    assert (whole.stats.prefix_hits, whole.stats.prefix_tokens) == (0, 0)
+
+
+def test_a_cache_grows_in_place_and_holds_what_concatenation_holds():
+    """Decoding appends each token's keys and values into room past the cache (no copy of the whole cache per
+    step), moving to a buffer twice as long when the room runs out; the cache always equals the concatenation."""
+    from agentenv.policies.hf import _grow
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        ref = torch.randn(2, 3, 5, 4)
+        kv = ref.clone()
+        moves = 0
+        for step in range(80):
+            new = torch.randn(2, 3, 1 if step else 7, 4)
+            before = kv.untyped_storage().data_ptr()
+            kv, ref = _grow(kv, new), torch.cat([ref, new], dim=2)
+            moves += kv.untyped_storage().data_ptr() != before
+            assert torch.equal(kv, ref)
+        assert moves == 2  # into a new buffer twice (5 -> 64, then 64 -> 130 columns), in place 78 times
+
+
+def test_a_push_drops_the_kept_caches(small_tokenizer):
+    """Caches the old weights computed are never reused: after a push the next turn prefills its whole context
+    and its tokens carry the new version and the new weights' logprobs."""
+    tok = small_tokenizer
+    model = make_small_model(len(tok))
+    pol = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=model, tokenizer=tok)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    first = _prompt(tok, "the quick brown fox jumps over")
+    g = pol.generate_sync(first, params)
+    pol.load_weights({k: v + 0.05 for k, v in model.state_dict().items() if k.endswith("mlp.up_proj.weight")})
+    ctx = first + g.token_ids + _prompt(tok, " result .")
+    h = pol.generate_sync(ctx, params)
+    assert pol.stats.prefix_hits == 0 and h.versions == [1] * len(h.token_ids)
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(model, torch.tensor([ctx + h.token_ids]), None, 1.0)
+    torch.testing.assert_close(lp[0, -len(h.token_ids) :], torch.tensor(h.logprobs), atol=1e-4, rtol=0)
+    pol.generate_sync(ctx + h.token_ids + _prompt(tok, " again ."), params)  # under the same weights: reused
+    assert pol.stats.prefix_hits == 1
+
+
+def test_kept_caches_stay_within_their_memory_and_the_oldest_go_first(small_tokenizer):
+    """40 caches of 200 tokens (100 KiB each in this model) do not fit in 1 MiB: the least recently used go."""
+    tok = small_tokenizer
+    model = make_small_model(len(tok))
+    pol = HFPolicy(HFPolicyConfig(model="-", device="cpu", prefix_cache_mb=1), model=model, tokenizer=tok)
+    params = SamplingParams(max_tokens=1, temperature=1.0, seed=6)
+    words = tok.encode(" ".join(f"w{i}" for i in range(400)))
+    prompts = [words[i : i + 200] for i in range(0, 160, 4)]  # 40 distinct prompts, 200 tokens each
+    pol.generate_many_sync(prompts, params)
+    assert 0 < pol._prefix_bytes <= 1 << 20 and len(pol._prefixes) < len(prompts)
+    hits = pol.stats.prefix_hits
+    pol.generate_sync(prompts[-1] + words[300:310], params)  # the newest is kept
+    assert pol.stats.prefix_hits == hits + 1
+    pol.generate_sync(prompts[0] + words[300:310], params)  # the oldest went first
+    assert pol.stats.prefix_hits == hits + 1
