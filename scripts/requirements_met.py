@@ -57,6 +57,7 @@ def met(extras: list[str]) -> bool:
         return False
     # A command or entry point added since the install is only registered by installing again.
     declared = {("console_scripts", name, value) for name, value in project.get("scripts", {}).items()}
+    declared |= {("gui_scripts", name, value) for name, value in project.get("gui-scripts", {}).items()}
     declared |= {(group, n, v) for group, points in project.get("entry-points", {}).items() for n, v in points.items()}
     if not declared <= {(e.group, e.name, e.value) for e in dist.entry_points}:
         return False

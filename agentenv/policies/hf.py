@@ -126,54 +126,77 @@ def _cache_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.56
 
 
-def _make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], roomy: bool = False) -> Any:
-    """A transformers cache holding `kv`; `roomy`: one whose layers grow in place (`_roomy_layer`)."""
+def _make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], room_limit: int = 0) -> Any:
+    """A transformers cache holding `kv`. With `room_limit`, one whose layers grow in place, up to that many
+    tokens (`_roomy_layer`), where this transformers version takes such layers."""
     from transformers import DynamicCache
 
-    layer_cls = _roomy_layer() if roomy else None
-    if layer_cls is not None:  # layers made empty, then given `kv` as they are (filling them copies it)
-        cache = DynamicCache(ddp_cache_data=[(None, None)] * len(kv))
-        for layer, (k, v) in zip(cast(list[Any], cache.layers), kv):
-            layer.__class__ = layer_cls
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-        return cache
+    layer_cls = _roomy_layer() if room_limit else None
+    if layer_cls is not None:
+        return _roomy_cache(layer_cls, kv, room_limit)
     if hasattr(DynamicCache, "from_legacy_cache"):
         return DynamicCache.from_legacy_cache(tuple(kv))
-    return DynamicCache(ddp_cache_data=kv)
+    return DynamicCache(ddp_cache_data=kv)  # fills its layers by `cat`: a copy
+
+
+def _roomy_cache(layer_cls: type, kv: list[tuple[torch.Tensor, torch.Tensor]], room_limit: int) -> Any:
+    """An empty `DynamicCache` given layers of `layer_cls` that hold `kv` as they are (no copy)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for k, v in kv:
+        layer = layer_cls()
+        layer.dtype, layer.device, layer.room_limit = k.dtype, k.device, room_limit
+        layer.keys, layer.values, layer.is_initialized = k, v, True
+        cache.layers.append(layer)
+    return cache
 
 
 @functools.cache
 def _roomy_layer() -> type | None:
-    """A transformers `DynamicLayer` whose keys and values are views of buffers with room to grow.
+    """A transformers `DynamicLayer` whose keys and values are views of buffers with room to grow; None where
+    this transformers version's cache does not take it (it then grows by copies, as before).
 
-    `DynamicLayer` appends a decode step's token by `torch.cat`, a copy of the whole cache at every step: on CPU
-    that was half a decode step's time (SmolLM2, 4 rows of 700 tokens). This one writes the new tokens into
-    the room past the view and returns the longer view; with no room left it moves to a buffer twice as long.
+    `DynamicLayer` appends a decode step's token by `torch.cat`, a copy of the whole cache at every step (and
+    making the cache from the batch's tensors copied it again). In torch's profiler those copies were half of
+    a decode step's operator time (SmolLM2, 4 rows of 700 tokens, one core); the step's wall time went from 115
+    to 95 ms without them. This layer writes the new tokens into the room past the view and returns the longer
+    view; with no room left it moves to a buffer twice as long (at most `room_limit` tokens).
+
     Only `_decode` makes such a cache, over the batch's own tensors: each is whole (from a `cat`, an
     `index_select`, a slice that ends where its storage does) or a view `_grow` returned, so the room it writes
     into is always a buffer `_grow` made. A kept prefix never goes into one (it is cloned out of the batch).
     """
     try:
         from transformers.cache_utils import DynamicLayer
-    except ImportError:  # transformers < 4.56: its cache grows by copies
+
+        class RoomyLayer(DynamicLayer):
+            room_limit = 0
+
+            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                keys, values = self.keys, self.values
+                if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
+                    return super().update(key_states, value_states, *args, **kwargs)
+                self.keys = _grow(keys, key_states, self.room_limit)
+                self.values = _grow(values, value_states, self.room_limit)
+                return self.keys, self.values
+
+        # This version's cache must take such layers: a cache of one, grown once, holds the concatenation.
+        old, new = torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 1, 2)
+        cache = _roomy_cache(RoomyLayer, [(old, old)], 8)
+        keys, _ = cache.update(new, new, 0)
+        if not (torch.equal(keys, torch.cat([old, new], dim=2)) and cache.get_seq_length() == 3):
+            return None
+    except Exception:  # noqa: BLE001 - another transformers version (before 4.56: no DynamicLayer)
         return None
-
-    class RoomyLayer(DynamicLayer):
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            keys, values = self.keys, self.values
-            if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
-                return super().update(key_states, value_states, *args, **kwargs)
-            self.keys, self.values = _grow(keys, key_states), _grow(values, value_states)
-            return self.keys, self.values
-
     return RoomyLayer
 
 
-def _grow(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+def _grow(old: torch.Tensor, new: torch.Tensor, limit: int = 0) -> torch.Tensor:
     """`torch.cat([old, new], dim=2)` for (B, H, L, D) tensors, written into the room past `old` when its storage
     has it (`_roomy_layer`: only for tensors whose room is theirs). The room is read from `old`'s strides (under
-    inference mode a view records no base): `old` starts a (B, H, room, D) buffer at the start of its storage."""
+    inference mode a view records no base): `old` starts a (B, H, room, D) buffer at the start of its storage.
+    A new buffer holds twice the tokens (at least 64, at most `limit` where given, never fewer than needed)."""
     b, h, n, d = old.shape
     m = new.shape[2]
     room = old.stride(1) // d if d else 0
@@ -187,6 +210,7 @@ def _grow(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         and old.untyped_storage().nbytes() >= b * h * room * d * old.element_size()
     ):
         room = max(2 * (n + m), 64)
+        room = max(n + m, min(room, limit)) if limit else room
         buffer = old.new_empty((b, h, room, d))
         buffer[:, :, :n] = old
     else:
@@ -226,6 +250,7 @@ class _Request:
     entropies: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     result: Generation | None = None
+    covers: int | None = None  # the kept cache whose every token this row's prompt starts with (its key)
 
     def context(self) -> list[int]:
         """Every token the model has seen or sampled for this row: the prompt, then the turn so far."""
@@ -424,7 +449,9 @@ class HFPolicy(PolicyBackend):
                 if hit is None:
                     fresh.append(r)
                     continue
-                new_batch, new_logits = self._prefill_after(r, *hit)
+                prefix, n, key = hit
+                r.covers = key if n == len(prefix.tokens) else None
+                new_batch, new_logits = self._prefill_after(r, prefix, n)
                 self._merge(new_batch)
                 logits_parts.append(new_logits)
             for group in self._prefill_groups(sorted(fresh, key=lambda r: len(r.prompt_ids))):
@@ -474,10 +501,10 @@ class HFPolicy(PolicyBackend):
         batch = _Batch(rows=list(reqs), kv=kv, mask=mask, pending=ids[:, -1], version=self.weight_version)
         return batch, out.logits[:, -1]
 
-    def _find_prefix(self, prompt: list[int]) -> tuple[_Prefix, int] | None:
-        """The kept cache sharing the most leading tokens with `prompt`, and how many of them to use: at least
-        as many as the prompt has past them (else a batched prefill of the whole prompt is cheaper), and never
-        its last token (whose logits the prefill must compute)."""
+    def _find_prefix(self, prompt: list[int]) -> tuple[_Prefix, int, int] | None:
+        """The kept cache sharing the most leading tokens with `prompt`, how many of them to use (at least as
+        many as the prompt has past them, else a batched prefill of the whole prompt is cheaper; never its last
+        token, whose logits the prefill must compute), and its key."""
         best, best_n, best_key = None, 0, -1
         for key, p in self._prefixes.items():
             if p.version != self.weight_version or p.tokens[0] != prompt[0]:
@@ -488,7 +515,7 @@ class HFPolicy(PolicyBackend):
         if best is None:
             return None
         self._prefixes.move_to_end(best_key)
-        return best, best_n
+        return best, best_n, best_key
 
     def _prefill_after(self, r: _Request, prefix: _Prefix, n: int) -> tuple[_Batch, torch.Tensor]:
         """Prefill `r`'s prompt past its first `n` tokens, over the cache `prefix` kept of them; returns its
@@ -517,6 +544,10 @@ class HFPolicy(PolicyBackend):
         limit = self.config.prefix_cache_mb << 20
         b = cast(_Batch, self._batch)
         for i in done:
+            key = b.rows[i].covers
+            covered = self._prefixes.pop(key, None) if key is not None else None
+            if covered is not None:  # every token of it is at the start of this row's cache: one copy is enough
+                self._prefix_bytes -= covered.nbytes
             n = int(b.mask[i].sum())  # the row's cached tokens: the rightmost n columns (rows are left-padded)
             if n == 0:
                 continue
@@ -538,7 +569,7 @@ class HFPolicy(PolicyBackend):
             input_ids=b.pending.unsqueeze(-1),
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=_make_cache(b.kv, roomy=True),
+            past_key_values=_make_cache(b.kv, room_limit=self.max_model_len),
             use_cache=True,
         )
         self.stats.decode_calls += 1

@@ -62,7 +62,9 @@ def small_policy(small_tokenizer):
     from agentenv.policies.hf import HFPolicy, HFPolicyConfig
 
     model = make_small_model(len(small_tokenizer))
-    return HFPolicy(HFPolicyConfig(model="<in-memory>", device="cpu"), model=model, tokenizer=small_tokenizer)
+    # no kept caches: the mechanics tests run whole prefills (tests/policies/test_hf.py tests the kept ones)
+    cfg = HFPolicyConfig(model="<in-memory>", device="cpu", prefix_cache_mb=0)
+    return HFPolicy(cfg, model=model, tokenizer=small_tokenizer)
 
 
 @pytest.fixture

@@ -235,7 +235,7 @@ def test_max_batch_size_queues_the_rest(small_tokenizer):
 
 def test_prefill_is_split_by_token_budget(small_tokenizer):
     model = make_small_model(len(small_tokenizer))
-    cfg = HFPolicyConfig(model="-", device="cpu", max_prefill_tokens=5)
+    cfg = HFPolicyConfig(model="-", device="cpu", max_prefill_tokens=5, prefix_cache_mb=0)  # whole prefills only
     pol = HFPolicy(cfg, model=model, tokenizer=small_tokenizer)
     texts = ["the quick brown", "lazy", "jumps over the lazy dog", "fox"]
     prompts = [_prompt(small_tokenizer, t) for t in texts]
@@ -365,12 +365,19 @@ def test_a_next_turn_computes_only_its_new_tokens_and_samples_as_a_whole_prefill
         torch.testing.assert_close(ent[0, -n:], torch.tensor(a.entropies), atol=1e-4, rtol=0)
         reused += len(ctx) + n - 1 if turn < 2 else 0  # what the next turn finds cached: all but the last token
         ctx = ctx + a.token_ids + _prompt(tok, " result 42 .")
-        if turn == 0:  # the first turn's kept cache, as it was: reusing it must not write into it
-            kept = [(k.clone(), v.clone()) for p in cached._prefixes.values() for k, v in p.kv]
     assert (cached.stats.prefix_hits, cached.stats.prefix_tokens) == (2, reused)
-    first = next(iter(cached._prefixes.values()))
-    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(first.kv, kept))
     assert (whole.stats.prefix_hits, whole.stats.prefix_tokens) == (0, 0)
+    # each turn's cache held the one before it whole: one copy is kept, not three growing ones
+    (last,) = cached._prefixes.values()
+    assert cached._prefix_bytes == last.nbytes
+    # a branch that leaves the kept context part way (as an ARPO fork does) reuses its start and leaves it as it
+    # was: the kept cache is read, never written, and stays for the next branch
+    before = [(k.clone(), v.clone()) for k, v in last.kv]
+    branch = last.tokens[: len(last.tokens) - 5] + _prompt(tok, " another way")
+    a, b = cached.generate_sync(branch, params), whole.generate_sync(branch, params)
+    assert a.token_ids == b.token_ids and cached.stats.prefix_tokens == reused + len(last.tokens) - 5
+    assert last in cached._prefixes.values()
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(last.kv, before))
 
 
 def test_a_cache_grows_in_place_and_holds_what_concatenation_holds():
@@ -390,6 +397,8 @@ def test_a_cache_grows_in_place_and_holds_what_concatenation_holds():
             moves += kv.untyped_storage().data_ptr() != before
             assert torch.equal(kv, ref)
         assert moves == 2  # into a new buffer twice (5 -> 64, then 64 -> 130 columns), in place 78 times
+        kv = _grow(kv, torch.randn(2, 3, 50, 4), limit=150)  # 91 + 50 tokens: the room stops at the limit
+        assert kv.shape[2] == 141 and kv.stride(1) == 150 * 4
 
 
 def test_a_push_drops_the_kept_caches(small_tokenizer):

@@ -57,12 +57,12 @@ class VLLMPolicy(PolicyBackend):
         # during the tens of seconds of engine start leaves no orphan (nor one holding GPU memory).
         self._reaper = Reaper(tag=True)
         self._cores = CoreClaim(config.tensor_parallel_size, on_cpu=_on_cpu())  # this engine's cores
-        # multiprocessing's resource tracker belongs to this process (every spawned child shares it) and ends
-        # when the last of them does. Started outside the tag, so that closing one engine leaves it alone: it
-        # ignores SIGTERM, and the reaper waited out its grace (5 s a close) and then killed it, together with
-        # the cleanup it does for the children.
-        resource_tracker.ensure_running()
         try:
+            # multiprocessing's resource tracker belongs to this process (every spawned child shares it) and
+            # ends when the last of them does. Started outside the tag, so that closing one engine leaves it
+            # alone: it ignores SIGTERM, and the reaper waited out its grace (5 s a close) and then killed it,
+            # together with the cleanup it does for the children.
+            resource_tracker.ensure_running()
             with tagged(cast(str, self._reaper.tag)), self._cores.bound():  # Reaper(tag=True) always has one
                 self._engine = self._loop.run(self._start_engine())
         except BaseException:
