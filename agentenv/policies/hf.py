@@ -506,8 +506,10 @@ class HFPolicy(PolicyBackend):
         many as the prompt has past them, else a batched prefill of the whole prompt is cheaper; never its last
         token, whose logits the prefill must compute), and its key."""
         best, best_n, best_key = None, 0, -1
+        half = (len(prompt) + 1) // 2  # the fewest tokens worth reusing
         for key, p in self._prefixes.items():
-            if p.version != self.weight_version or p.tokens[0] != prompt[0]:
+            # O(1) first: a cache that holds the prompt's first half ends no sooner and agrees at its last token
+            if p.version != self.weight_version or len(p.tokens) < half or p.tokens[half - 1] != prompt[half - 1]:
                 continue
             n = min(p.shared(prompt), len(prompt) - 1)
             if 2 * n >= len(prompt) and n > best_n:
