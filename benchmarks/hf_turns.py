@@ -61,7 +61,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
     rng = random.Random(0)
-    vocab = [i for i in range(len(tok)) if i not in set(tok.all_special_ids)]
+    special = set(tok.all_special_ids)
+    vocab = [i for i in range(len(tok)) if i not in special]
     prompts = [[rng.choice(vocab) for _ in range(args.prompt)] for _ in range(args.agents)]
     result = [rng.choice(vocab) for _ in range(args.result)]
     rows = {"kept caches (512 MiB)": 512, "none (prefix_cache_mb=0)": 0}
