@@ -12,8 +12,9 @@ the distribution the trainer recomputes (`agentenv.training.scoring`). top-k / t
 token is drawn but is NOT reflected in the reported logprob and entropy (as in
 vLLM's default "raw" logprobs).
 
-Rows are left-padded; position ids come from the attention mask, so a padded
-row computes the same numbers as the row alone (up to float rounding).
+Rows are left-padded (a row prefilled over a kept cache, below, also between
+its kept and its new tokens); position ids come from the attention mask, so a
+padded row computes the same numbers as the row alone (up to float rounding).
 
 A weight push (`load_weights`) lands between two decode steps. The KV cache
 the old weights computed is then stale: before the next token, every decoding
@@ -26,7 +27,8 @@ A finished row's cache is kept (`HFPolicyConfig.prefix_cache_mb`, least recently
 used dropped first; all of it at a push). A request whose prompt starts with
 tokens a kept cache holds, at least as many as the prompt has past them,
 prefills only the rest: an agent's next turn (the last prompt, its reply and a
-tool result) computes the new tokens, not the whole context again.
+tool result) computes the new tokens, not the whole context again. Such
+requests arriving together prefill in one forward, as new prompts do.
 """
 
 from __future__ import annotations
@@ -265,16 +267,86 @@ class _Prefix:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (1, H_kv, len(tokens), D)
     version: int  # the weights that computed it
     nbytes: int
+    hashes: list[int]  # `_chain(tokens)`
 
-    def shared(self, prompt: list[int]) -> int:
-        """How many leading tokens `prompt` has in common with this cache."""
-        lo, hi = 0, min(len(self.tokens), len(prompt))
-        if self.tokens[:hi] == prompt[:hi]:
-            return hi
-        while lo < hi - 1:  # tokens[:lo] matches, tokens[:hi] does not
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.tokens[:mid] == prompt[:mid] else (lo, mid)
-        return lo
+
+def _chain(tokens: list[int]) -> list[int]:
+    """`out[k - 1]` stands for `tokens[:k]`: each hash from the one before it and one token, O(len) in all."""
+    out, h = [], 0
+    for t in tokens:
+        h = hash((h, t))
+        out.append(h)
+    return out
+
+
+class _KeptCaches:
+    """Finished rows' caches within a memory bound, least recently used dropped first, found by the longest
+    start they share with a prompt.
+
+    Every leading run of a kept cache's tokens is indexed by its hash, so a lookup is a
+    binary search over the prompt's own leading runs (a run that some cache holds has
+    every shorter run held too): O(prompt) however many caches are kept, where a scan of
+    the caches took milliseconds per request once thousands shared a system prompt.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self.limit = limit_bytes
+        self.caches: OrderedDict[int, _Prefix] = OrderedDict()  # least recently used first
+        self.nbytes = 0
+        self._index: dict[int, dict[int, None]] = {}  # a leading run's hash -> the keys of caches holding it, oldest first
+        self._keys = itertools.count()
+
+    def add(self, prefix: _Prefix) -> None:
+        if prefix.nbytes > self.limit:
+            return
+        key = next(self._keys)
+        self.caches[key] = prefix
+        self.nbytes += prefix.nbytes
+        for h in prefix.hashes:
+            self._index.setdefault(h, {})[key] = None
+        while self.nbytes > self.limit:
+            self.drop(next(iter(self.caches)))
+
+    def drop(self, key: int) -> None:
+        prefix = self.caches.pop(key, None)
+        if prefix is None:
+            return
+        self.nbytes -= prefix.nbytes
+        for h in prefix.hashes:
+            holders = self._index[h]
+            del holders[key]
+            if not holders:
+                del self._index[h]
+
+    def clear(self) -> None:
+        self.caches.clear()
+        self._index.clear()
+        self.nbytes = 0
+
+    def find(self, prompt: list[int]) -> tuple[_Prefix, int, int] | None:
+        """The newest kept cache sharing the most leading tokens with `prompt`, how many of them to use, and its
+        key; None unless it is at least as many as the prompt has past them (else a batched prefill of the whole
+        prompt is cheaper). Never the prompt's last token, whose logits the prefill must compute."""
+        most = len(prompt) - 1
+        least = (len(prompt) + 1) // 2
+        if not self._index or most < max(least, 1):
+            return None
+        hashes = _chain(prompt[:most])
+        if hashes[least - 1] not in self._index:
+            return None
+        lo, hi = least, most  # prompt[:lo] is held; the longest held run is at most `hi`
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if hashes[mid - 1] in self._index else (lo, mid - 1)
+        key = next(reversed(self._index[hashes[lo - 1]]))
+        prefix = self.caches[key]
+        if prefix.tokens[:lo] != prompt[:lo]:  # two runs with one hash: reuse nothing rather than the wrong cache
+            return None
+        self.caches.move_to_end(key)
+        return prefix, lo, key
+
+
+_Hit = tuple[_Request, _Prefix, int]  # a request, the kept cache its prompt starts with, how many of its tokens
 
 
 # --------------------------------------------------------------------------- the policy
@@ -310,9 +382,7 @@ class HFPolicy(PolicyBackend):
         self._waiting: deque[_Request] = deque()
         self._batch: _Batch | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._prefixes: OrderedDict[int, _Prefix] = OrderedDict()  # least recently used first
-        self._prefix_bytes = 0
-        self._prefix_ids = itertools.count()
+        self._kept = _KeptCaches(config.prefix_cache_mb << 20)
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> HFPolicy:
@@ -391,8 +461,7 @@ class HFPolicy(PolicyBackend):
             finally:
                 if copied:
                     self.weight_version += 1
-                    self._prefixes.clear()  # computed by the old weights
-                    self._prefix_bytes = 0
+                    self._kept.clear()  # computed by the old weights
         if unknown:
             raise ValueError(f"load_weights: the model has no parameter named {unknown[:5]} ({len(unknown)} unknown)")
 
@@ -443,15 +512,17 @@ class HFPolicy(PolicyBackend):
                     logits_parts.append(new_logits)
             elif self._batch is not None:
                 logits_parts.append(self._decode())
-            fresh = []
+            fresh, hits = [], []
             for r in new:
-                hit = self._find_prefix(r.prompt_ids)
+                hit = self._kept.find(r.prompt_ids)
                 if hit is None:
                     fresh.append(r)
                     continue
                 prefix, n, key = hit
                 r.covers = key if n == len(prefix.tokens) else None
-                new_batch, new_logits = self._prefill_after(r, prefix, n)
+                hits.append((r, prefix, n))
+            for hit_group in self._hit_groups(sorted(hits, key=lambda h: len(h[0].prompt_ids))):
+                new_batch, new_logits = self._prefill_after(hit_group)
                 self._merge(new_batch)
                 logits_parts.append(new_logits)
             for group in self._prefill_groups(sorted(fresh, key=lambda r: len(r.prompt_ids))):
@@ -501,66 +572,80 @@ class HFPolicy(PolicyBackend):
         batch = _Batch(rows=list(reqs), kv=kv, mask=mask, pending=ids[:, -1], version=self.weight_version)
         return batch, out.logits[:, -1]
 
-    def _find_prefix(self, prompt: list[int]) -> tuple[_Prefix, int, int] | None:
-        """The kept cache sharing the most leading tokens with `prompt`, how many of them to use (at least as
-        many as the prompt has past them, else a batched prefill of the whole prompt is cheaper; never its last
-        token, whose logits the prefill must compute), and its key."""
-        best, best_n, best_key = None, 0, -1
-        half = (len(prompt) + 1) // 2  # the fewest tokens worth reusing
-        for key, p in self._prefixes.items():
-            # O(1) first: a cache that holds the prompt's first half ends no sooner and agrees at its last token
-            if p.version != self.weight_version or len(p.tokens) < half or p.tokens[half - 1] != prompt[half - 1]:
-                continue
-            n = min(p.shared(prompt), len(prompt) - 1)
-            if 2 * n >= len(prompt) and n > best_n:
-                best, best_n, best_key = p, n, key
-        if best is None:
-            return None
-        self._prefixes.move_to_end(best_key)
-        return best, best_n, best_key
+    def _hit_groups(self, hits: list[_Hit]) -> list[list[_Hit]]:
+        """Split kept-cache hits (in order) so each padded prefill, kept columns and new ones, stays within
+        `max_prefill_tokens` rows x columns."""
+        groups: list[list[_Hit]] = []
+        cur: list[_Hit] = []
+        kept = rest = 0
+        for h in hits:
+            r, _, n = h
+            k, m = max(kept, n), max(rest, len(r.prompt_ids) - n)
+            if cur and (k + m) * (len(cur) + 1) > self.config.max_prefill_tokens:
+                groups.append(cur)
+                cur, k, m = [], n, len(r.prompt_ids) - n
+            cur.append(h)
+            kept, rest = k, m
+        if cur:
+            groups.append(cur)
+        return groups
 
-    def _prefill_after(self, r: _Request, prefix: _Prefix, n: int) -> tuple[_Batch, torch.Tensor]:
-        """Prefill `r`'s prompt past its first `n` tokens, over the cache `prefix` kept of them; returns its
-        batch state and last logits (1, V)."""
-        prompt = r.prompt_ids
-        ids = torch.tensor([prompt[n:]], device=self.device)
-        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+    def _prefill_after(self, hits: list[_Hit]) -> tuple[_Batch, torch.Tensor]:
+        """Prefill each hit's prompt past its first `n` tokens over the cache kept of them, in one forward;
+        returns their batch state and last logits (rows, V).
+
+        A row's columns: padding, its `n` kept tokens, padding, its new tokens. Positions
+        count real tokens only and attention skips the padding, so each row computes what
+        it computes alone (up to float rounding); the kept caches are read, not written.
+        """
+        kept = max(n for _, _, n in hits)
+        rests = [r.prompt_ids[n:] for r, _, n in hits]
+        width = max(len(t) for t in rests)
+        b = len(hits)
+        ids = torch.zeros((b, width), dtype=torch.long)
+        pos = torch.zeros((b, width), dtype=torch.long)
+        mask = torch.zeros((b, kept + width), dtype=torch.long)
+        for i, ((_, _, n), rest) in enumerate(zip(hits, rests)):
+            ids[i, width - len(rest) :] = torch.tensor(rest)
+            pos[i, width - len(rest) :] = torch.arange(n, n + len(rest))
+            mask[i, kept - n : kept] = 1
+            mask[i, kept + width - len(rest) :] = 1
+        kv = []
+        for layer, (k0, v0) in enumerate(hits[0][1].kv):  # per layer: the kept tokens, right-aligned at `kept`
+            k = k0.new_zeros((b, k0.shape[1], kept, k0.shape[3]))
+            v = v0.new_zeros((b, v0.shape[1], kept, v0.shape[3]))
+            for i, (_, prefix, n) in enumerate(hits):
+                pk, pv = prefix.kv[layer]
+                k[i, :, kept - n :] = pk[0, :, :n]
+                v[i, :, kept - n :] = pv[0, :, :n]
+            kv.append((k, v))
+        ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
         out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=torch.arange(n, len(prompt), device=self.device).unsqueeze(0),
-            past_key_values=_make_cache([(k[:, :, :n], v[:, :, :n]) for k, v in prefix.kv]),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=_make_cache(kv),
+            use_cache=True, logits_to_keep=1,
+        )  # fmt: skip
         self.stats.prefill_calls += 1
-        self.stats.rows_prefilled += 1
-        self.stats.prefix_hits += 1
-        self.stats.prefix_tokens += n
-        batch = _Batch(rows=[r], kv=_cache_kv(out.past_key_values), mask=mask, pending=ids[:, -1],
-                       version=self.weight_version)  # fmt: skip
+        self.stats.rows_prefilled += b
+        self.stats.prefix_hits += b
+        self.stats.prefix_tokens += sum(n for _, _, n in hits)
+        batch = _Batch(rows=[r for r, _, _ in hits], kv=_cache_kv(out.past_key_values), mask=mask,
+                       pending=ids[:, -1], version=self.weight_version)  # fmt: skip
         return batch, out.logits[:, -1]
 
     def _keep_prefixes(self, done: list[int]) -> None:
         """Keep the caches of the finished rows `done` (batch indices), within `prefix_cache_mb`."""
-        limit = self.config.prefix_cache_mb << 20
         b = cast(_Batch, self._batch)
         for i in done:
             key = b.rows[i].covers
-            covered = self._prefixes.pop(key, None) if key is not None else None
-            if covered is not None:  # every token of it is at the start of this row's cache: one copy is enough
-                self._prefix_bytes -= covered.nbytes
-            n = int(b.mask[i].sum())  # the row's cached tokens: the rightmost n columns (rows are left-padded)
-            if n == 0:
+            if key is not None:  # every token of that cache is at the start of this row's: one copy is enough
+                self._kept.drop(key)
+            cols = b.mask[i].nonzero().squeeze(-1)  # the row's cached tokens (padding may sit before and among them)
+            if len(cols) == 0 or b.version != self.weight_version:
                 continue
-            kv = [(k[i : i + 1, :, -n:].clone(), v[i : i + 1, :, -n:].clone()) for k, v in b.kv]
+            kv = [(k[i : i + 1].index_select(2, cols), v[i : i + 1].index_select(2, cols)) for k, v in b.kv]
+            tokens = b.rows[i].context()[: len(cols)]
             nbytes = sum(t.numel() * t.element_size() for pair in kv for t in pair)
-            if nbytes > limit:
-                continue
-            self._prefixes[next(self._prefix_ids)] = _Prefix(b.rows[i].context()[:n], kv, b.version, nbytes)
-            self._prefix_bytes += nbytes
-            while self._prefix_bytes > limit:
-                self._prefix_bytes -= self._prefixes.popitem(last=False)[1].nbytes
+            self._kept.add(_Prefix(tokens, kv, b.version, nbytes, _chain(tokens)))
 
     def _decode(self) -> torch.Tensor:
         """Feed each row's pending token; returns next-token logits (B, V)."""

@@ -368,16 +368,71 @@ def test_a_next_turn_computes_only_its_new_tokens_and_samples_as_a_whole_prefill
     assert (cached.stats.prefix_hits, cached.stats.prefix_tokens) == (2, reused)
     assert (whole.stats.prefix_hits, whole.stats.prefix_tokens) == (0, 0)
     # each turn's cache held the one before it whole: one copy is kept, not three growing ones
-    (last,) = cached._prefixes.values()
-    assert cached._prefix_bytes == last.nbytes
+    (last,) = cached._kept.caches.values()
+    assert cached._kept.nbytes == last.nbytes
     # a branch that leaves the kept context part way (as an ARPO fork does) reuses its start and leaves it as it
     # was: the kept cache is read, never written, and stays for the next branch
     before = [(k.clone(), v.clone()) for k, v in last.kv]
     branch = last.tokens[: len(last.tokens) - 5] + _prompt(tok, " another way")
     a, b = cached.generate_sync(branch, params), whole.generate_sync(branch, params)
     assert a.token_ids == b.token_ids and cached.stats.prefix_tokens == reused + len(last.tokens) - 5
-    assert last in cached._prefixes.values()
+    assert last in cached._kept.caches.values()
     assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(last.kv, before))
+
+
+def test_next_turns_arriving_together_prefill_in_one_forward_and_sample_as_whole_prefills_do(small_tokenizer):
+    """Three agents' next turns at once, each over its own kept cache (kept contexts and new tokens of different
+    lengths): one forward prefills them all, padded between the kept and the new tokens, and each samples and
+    reports what a policy that prefills the whole context does; the turn after reuses the caches those padded
+    rows left."""
+    tok = small_tokenizer
+    model = make_small_model(len(tok))
+    cached = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=model, tokenizer=tok)
+    whole = HFPolicy(HFPolicyConfig(model="-", device="cpu", prefix_cache_mb=0), model=model, tokenizer=tok)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7, include_eos=True)
+    texts = ("the quick brown fox", "a lazy dog sleeps in the warm sun all day long", "one two three four five six")
+    ctxs = [_prompt(tok, t) for t in texts]
+    for turn in range(3):
+        calls, hits = cached.stats.prefill_calls, cached.stats.prefix_hits
+        a, b = cached.generate_many_sync(ctxs, params), whole.generate_many_sync(ctxs, params)
+        if turn:
+            assert (cached.stats.prefill_calls, cached.stats.prefix_hits) == (calls + 1, hits + 3)
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+            torch.testing.assert_close(torch.tensor(x.entropies), torch.tensor(y.entropies), atol=1e-5, rtol=0)
+        ctxs = [c + x.token_ids + _prompt(tok, " result" + " 7" * i + " .") for i, (c, x) in enumerate(zip(ctxs, a))]
+    assert len({len(c) for c in ctxs}) == 3
+
+
+def test_the_longest_kept_start_is_found_among_thousands_sharing_a_system_prompt():
+    """3,000 kept caches that share a 40-token system prompt: a prompt gets the one holding its longest start,
+    or the newest where only the system prompt is shared; a dropped cache is no longer found; a cache whose
+    index says more than its tokens hold (two runs with one hash) is not reused."""
+    from agentenv.policies.hf import _chain, _KeptCaches, _Prefix
+
+    def prefix(tokens, nbytes=1):
+        return _Prefix(tokens, [], 0, nbytes, _chain(tokens))
+
+    kept, system = _KeptCaches(1 << 30), list(range(40))
+    for i in range(3000):
+        kept.add(prefix(system + [1000 + i, 7, 8, 9]))
+    found, n, key = kept.find(system + [1000 + 1234, 7, 8, 5, 6])
+    assert (n, found.tokens[40]) == (43, 1000 + 1234)
+    assert next(reversed(kept.caches)) == key  # a hit is the most recently used
+    found, n, _ = kept.find(system + [5] * 30)
+    assert (n, found.tokens[40]) == (40, 1000 + 2999)  # the system prompt only: the newest holder
+    assert kept.find(system + [5] * 50) is None  # 40 of 90 tokens: less than half is worth no reuse
+    kept.drop(key)
+    found, n, _ = kept.find(system + [1000 + 1234, 7, 8, 5, 6])
+    assert n == 40 and found.tokens[40] != 1000 + 1234
+    bounded = _KeptCaches(10)
+    for i in range(4):
+        bounded.add(prefix([i] * 8, nbytes=3))
+    assert bounded.nbytes == 9 and bounded.find([0] * 8 + [1]) is None and bounded.find([3] * 8 + [1])[1] == 8
+    liar = _KeptCaches(100)
+    liar.add(_Prefix([1, 2, 3, 4], [], 0, 1, _chain([1, 2, 9, 9])))
+    assert liar.find([1, 2, 9, 9, 5]) is None
 
 
 def test_a_cache_grows_in_place_and_holds_what_concatenation_holds():
@@ -430,7 +485,7 @@ def test_kept_caches_stay_within_their_memory_and_the_oldest_go_first(small_toke
     words = tok.encode(" ".join(f"w{i}" for i in range(400)))
     prompts = [words[i : i + 200] for i in range(0, 160, 4)]  # 40 distinct prompts, 200 tokens each
     pol.generate_many_sync(prompts, params)
-    assert 0 < pol._prefix_bytes <= 1 << 20 and len(pol._prefixes) < len(prompts)
+    assert 0 < pol._kept.nbytes <= 1 << 20 and len(pol._kept.caches) < len(prompts)
     hits = pol.stats.prefix_hits
     pol.generate_sync(prompts[-1] + words[300:310], params)  # the newest is kept
     assert pol.stats.prefix_hits == hits + 1
