@@ -12,9 +12,8 @@ the distribution the trainer recomputes (`agentenv.training.scoring`). top-k / t
 token is drawn but is NOT reflected in the reported logprob and entropy (as in
 vLLM's default "raw" logprobs).
 
-Rows are left-padded (a row prefilled over a kept cache, below, also between
-its kept and its new tokens); position ids come from the attention mask, so a
-padded row computes the same numbers as the row alone (up to float rounding).
+Rows are left-padded; position ids count a row's real tokens, so a padded
+row computes the same numbers as the row alone (up to float rounding).
 
 A weight push (`load_weights`) lands between two decode steps. The KV cache
 the old weights computed is then stale: before the next token, every decoding
@@ -39,7 +38,7 @@ import itertools
 import random
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -265,15 +264,16 @@ class _Prefix:
 
     tokens: list[int]
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (1, H_kv, len(tokens), D)
-    version: int  # the weights that computed it
     nbytes: int
     hashes: list[int]  # `_chain(tokens)`
 
 
-def _chain(tokens: list[int]) -> list[int]:
-    """`out[k - 1]` stands for `tokens[:k]`: each hash from the one before it and one token, O(len) in all."""
-    out, h = [], 0
-    for t in tokens:
+def _chain(tokens: list[int], known: Sequence[int] = ()) -> list[int]:
+    """`out[k - 1]` stands for `tokens[:k]`: each hash from the one before it and one token, O(len) in all.
+    `known`: the chain of a run `tokens` starts with, taken as it is."""
+    out = list(known)
+    h = out[-1] if out else 0
+    for t in tokens[len(out) :]:
         h = hash((h, t))
         out.append(h)
     return out
@@ -287,13 +287,18 @@ class _KeptCaches:
     binary search over the prompt's own leading runs (a run that some cache holds has
     every shorter run held too): O(prompt) however many caches are kept, where a scan of
     the caches took milliseconds per request once thousands shared a system prompt.
+    Adding or dropping a cache is O(its tokens). The index is Python objects outside
+    `limit`: about 260 bytes a kept token (the tiny model's keys and values take 512 a
+    token, SmolLM2-135M's 46 KiB).
     """
 
     def __init__(self, limit_bytes: int):
         self.limit = limit_bytes
         self.caches: OrderedDict[int, _Prefix] = OrderedDict()  # least recently used first
         self.nbytes = 0
-        self._index: dict[int, dict[int, None]] = {}  # a leading run's hash -> the keys of caches holding it, oldest first
+        # a leading run's hash -> the keys of the caches holding it, oldest first
+        self._index: dict[int, dict[int, None]] = {}
+        self._whole: dict[int, int] = {}  # the hash of all of a cache's tokens -> its key
         self._keys = itertools.count()
 
     def add(self, prefix: _Prefix) -> None:
@@ -304,6 +309,8 @@ class _KeptCaches:
         self.nbytes += prefix.nbytes
         for h in prefix.hashes:
             self._index.setdefault(h, {})[key] = None
+        if prefix.hashes:
+            self._whole[prefix.hashes[-1]] = key
         while self.nbytes > self.limit:
             self.drop(next(iter(self.caches)))
 
@@ -312,6 +319,8 @@ class _KeptCaches:
         if prefix is None:
             return
         self.nbytes -= prefix.nbytes
+        if prefix.hashes and self._whole.get(prefix.hashes[-1]) == key:
+            del self._whole[prefix.hashes[-1]]
         for h in prefix.hashes:
             holders = self._index[h]
             del holders[key]
@@ -321,12 +330,15 @@ class _KeptCaches:
     def clear(self) -> None:
         self.caches.clear()
         self._index.clear()
+        self._whole.clear()
         self.nbytes = 0
 
     def find(self, prompt: list[int]) -> tuple[_Prefix, int, int] | None:
-        """The newest kept cache sharing the most leading tokens with `prompt`, how many of them to use, and its
-        key; None unless it is at least as many as the prompt has past them (else a batched prefill of the whole
-        prompt is cheaper). Never the prompt's last token, whose logits the prefill must compute."""
+        """A kept cache sharing the most leading tokens with `prompt`, how many of them to use, and its key: one
+        that holds no more than them where there is one (the new row's cache then holds it whole, and it can be
+        dropped), else the one added last. None unless it is at least as many as the prompt has past them (else a
+        batched prefill of the whole prompt is cheaper). Never the prompt's last token, whose logits the prefill
+        must compute."""
         most = len(prompt) - 1
         least = (len(prompt) + 1) // 2
         if not self._index or most < max(least, 1):
@@ -338,7 +350,9 @@ class _KeptCaches:
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if hashes[mid - 1] in self._index else (lo, mid - 1)
-        key = next(reversed(self._index[hashes[lo - 1]]))
+        key = self._whole.get(hashes[lo - 1])
+        if key is None or len(self.caches[key].tokens) != lo:
+            key = next(reversed(self._index[hashes[lo - 1]]))
         prefix = self.caches[key]
         if prefix.tokens[:lo] != prompt[:lo]:  # two runs with one hash: reuse nothing rather than the wrong cache
             return None
@@ -521,7 +535,7 @@ class HFPolicy(PolicyBackend):
                 prefix, n, key = hit
                 r.covers = key if n == len(prefix.tokens) else None
                 hits.append((r, prefix, n))
-            for hit_group in self._hit_groups(sorted(hits, key=lambda h: len(h[0].prompt_ids))):
+            for hit_group in self._hit_groups(hits):
                 new_batch, new_logits = self._prefill_after(hit_group)
                 self._merge(new_batch)
                 logits_parts.append(new_logits)
@@ -573,51 +587,59 @@ class HFPolicy(PolicyBackend):
         return batch, out.logits[:, -1]
 
     def _hit_groups(self, hits: list[_Hit]) -> list[list[_Hit]]:
-        """Split kept-cache hits (in order) so each padded prefill, kept columns and new ones, stays within
-        `max_prefill_tokens` rows x columns."""
+        """Split kept-cache hits, fewest new tokens first, into the groups `_prefill_after` runs.
+
+        A group's forward takes the same number of input tokens per row (its
+        most new tokens): a row with fewer reads fewer from its kept cache and
+        feeds the rest again, so no padding sits among a row's tokens. A row
+        joins a group only if that still leaves it a kept token, and only while
+        the group's columns, kept and fed, times its rows stay within
+        `max_prefill_tokens` (a first hit alone may exceed it, as one long
+        prompt does in `_prefill_groups`).
+        """
         groups: list[list[_Hit]] = []
         cur: list[_Hit] = []
-        kept = rest = 0
-        for h in hits:
+        shortest = longest = 0  # of `cur`'s prompts
+        for h in sorted(hits, key=lambda h: (len(h[0].prompt_ids) - h[2], len(h[0].prompt_ids))):
             r, _, n = h
-            k, m = max(kept, n), max(rest, len(r.prompt_ids) - n)
-            if cur and (k + m) * (len(cur) + 1) > self.config.max_prefill_tokens:
+            size, new = len(r.prompt_ids), len(r.prompt_ids) - n  # `new`: the most in `cur` with `h` (sorted)
+            lo, hi = (min(shortest, size), max(longest, size)) if cur else (size, size)
+            # each row feeds `new` tokens over its first len - new kept ones: columns `hi`, at least one kept
+            if cur and (lo - new < 1 or hi * (len(cur) + 1) > self.config.max_prefill_tokens):
                 groups.append(cur)
-                cur, k, m = [], n, len(r.prompt_ids) - n
+                cur, lo, hi = [], size, size
             cur.append(h)
-            kept, rest = k, m
+            shortest, longest = lo, hi
         if cur:
             groups.append(cur)
         return groups
 
     def _prefill_after(self, hits: list[_Hit]) -> tuple[_Batch, torch.Tensor]:
-        """Prefill each hit's prompt past its first `n` tokens over the cache kept of them, in one forward;
-        returns their batch state and last logits (rows, V).
+        """Prefill a group of hits (`_hit_groups`) in one forward over their kept caches; returns their batch
+        state and last logits (rows, V).
 
-        A row's columns: padding, its `n` kept tokens, padding, its new tokens. Positions
-        count real tokens only and attention skips the padding, so each row computes what
-        it computes alone (up to float rounding); the kept caches are read, not written.
+        Each row feeds its last `width` prompt tokens (the group's most new
+        tokens) over the kept cache of the ones before them, left-padded like
+        any row: each computes what it computes alone (up to float rounding),
+        and the kept caches are read, not written.
         """
-        kept = max(n for _, _, n in hits)
-        rests = [r.prompt_ids[n:] for r, _, n in hits]
-        width = max(len(t) for t in rests)
+        width = max(len(r.prompt_ids) - n for r, _, n in hits)
+        used = [len(r.prompt_ids) - width for r, _, _ in hits]  # kept tokens each row reads, at least 1
+        kept = max(used)
         b = len(hits)
-        ids = torch.zeros((b, width), dtype=torch.long)
-        pos = torch.zeros((b, width), dtype=torch.long)
+        ids = torch.tensor([r.prompt_ids[-width:] for r, _, _ in hits])
+        pos = torch.stack([torch.arange(u, u + width) for u in used])
         mask = torch.zeros((b, kept + width), dtype=torch.long)
-        for i, ((_, _, n), rest) in enumerate(zip(hits, rests)):
-            ids[i, width - len(rest) :] = torch.tensor(rest)
-            pos[i, width - len(rest) :] = torch.arange(n, n + len(rest))
-            mask[i, kept - n : kept] = 1
-            mask[i, kept + width - len(rest) :] = 1
+        for i, u in enumerate(used):
+            mask[i, kept - u :] = 1
         kv = []
         for layer, (k0, v0) in enumerate(hits[0][1].kv):  # per layer: the kept tokens, right-aligned at `kept`
             k = k0.new_zeros((b, k0.shape[1], kept, k0.shape[3]))
             v = v0.new_zeros((b, v0.shape[1], kept, v0.shape[3]))
-            for i, (_, prefix, n) in enumerate(hits):
+            for i, ((_, prefix, _), u) in enumerate(zip(hits, used)):
                 pk, pv = prefix.kv[layer]
-                k[i, :, kept - n :] = pk[0, :, :n]
-                v[i, :, kept - n :] = pv[0, :, :n]
+                k[i, :, kept - u :] = pk[0, :, :u]
+                v[i, :, kept - u :] = pv[0, :, :u]
             kv.append((k, v))
         ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
         out = self.model(
@@ -627,7 +649,7 @@ class HFPolicy(PolicyBackend):
         self.stats.prefill_calls += 1
         self.stats.rows_prefilled += b
         self.stats.prefix_hits += b
-        self.stats.prefix_tokens += sum(n for _, _, n in hits)
+        self.stats.prefix_tokens += sum(used)
         batch = _Batch(rows=[r for r, _, _ in hits], kv=_cache_kv(out.past_key_values), mask=mask,
                        pending=ids[:, -1], version=self.weight_version)  # fmt: skip
         return batch, out.logits[:, -1]
@@ -635,17 +657,18 @@ class HFPolicy(PolicyBackend):
     def _keep_prefixes(self, done: list[int]) -> None:
         """Keep the caches of the finished rows `done` (batch indices), within `prefix_cache_mb`."""
         b = cast(_Batch, self._batch)
+        per_token = sum((k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size() for k, v in b.kv)
         for i in done:
+            n = int(b.mask[i].sum())  # the row's cached tokens: the rightmost n columns (rows are left-padded)
+            if n == 0 or b.version != self.weight_version or n * per_token > self._kept.limit:
+                continue  # not kept (then a cache it covers stays)
+            tokens = b.rows[i].context()[:n]
             key = b.rows[i].covers
+            covered = self._kept.caches.get(key) if key is not None else None
             if key is not None:  # every token of that cache is at the start of this row's: one copy is enough
                 self._kept.drop(key)
-            cols = b.mask[i].nonzero().squeeze(-1)  # the row's cached tokens (padding may sit before and among them)
-            if len(cols) == 0 or b.version != self.weight_version:
-                continue
-            kv = [(k[i : i + 1].index_select(2, cols), v[i : i + 1].index_select(2, cols)) for k, v in b.kv]
-            tokens = b.rows[i].context()[: len(cols)]
-            nbytes = sum(t.numel() * t.element_size() for pair in kv for t in pair)
-            self._kept.add(_Prefix(tokens, kv, b.version, nbytes, _chain(tokens)))
+            kv = [(k[i : i + 1, :, -n:].clone(), v[i : i + 1, :, -n:].clone()) for k, v in b.kv]
+            self._kept.add(_Prefix(tokens, kv, n * per_token, _chain(tokens, covered.hashes if covered else ())))
 
     def _decode(self) -> torch.Tensor:
         """Feed each row's pending token; returns next-token logits (B, V)."""

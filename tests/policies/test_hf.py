@@ -382,37 +382,48 @@ def test_a_next_turn_computes_only_its_new_tokens_and_samples_as_a_whole_prefill
 
 def test_next_turns_arriving_together_prefill_in_one_forward_and_sample_as_whole_prefills_do(small_tokenizer):
     """Three agents' next turns at once, each over its own kept cache (kept contexts and new tokens of different
-    lengths): one forward prefills them all, padded between the kept and the new tokens, and each samples and
-    reports what a policy that prefills the whole context does; the turn after reuses the caches those padded
-    rows left."""
+    lengths): one forward prefills them all, each row feeding the group's most new tokens over the rest of its
+    kept context, and each samples and reports what a policy that prefills the whole context does; the kept
+    caches are read, not written. Split one hit a forward (`max_prefill_tokens`), the same comes out."""
     tok = small_tokenizer
     model = make_small_model(len(tok))
     cached = HFPolicy(HFPolicyConfig(model="-", device="cpu"), model=model, tokenizer=tok)
+    split = HFPolicy(HFPolicyConfig(model="-", device="cpu", max_prefill_tokens=1), model=model, tokenizer=tok)
     whole = HFPolicy(HFPolicyConfig(model="-", device="cpu", prefix_cache_mb=0), model=model, tokenizer=tok)
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=7, include_eos=True)
     texts = ("the quick brown fox", "a lazy dog sleeps in the warm sun all day long", "one two three four five six")
-    ctxs = [_prompt(tok, t) for t in texts]
+    ctxs, kept = [_prompt(tok, t) for t in texts], None
     for turn in range(3):
-        calls, hits = cached.stats.prefill_calls, cached.stats.prefix_hits
-        a, b = cached.generate_many_sync(ctxs, params), whole.generate_many_sync(ctxs, params)
+        before = {id(p): (p, [(k.clone(), v.clone()) for k, v in p.kv]) for p in cached._kept.caches.values()}
+        calls, hits, reused = cached.stats.prefill_calls, cached.stats.prefix_hits, cached.stats.prefix_tokens
+        split_calls = split.stats.prefill_calls
+        a, b, c = (pol.generate_many_sync(ctxs, params) for pol in (cached, whole, split))
         if turn:
+            new = [len(ctx) - n for ctx, n in zip(ctxs, kept)]
+            assert len(set(new)) == 3 and len(set(kept)) == 3
             assert (cached.stats.prefill_calls, cached.stats.prefix_hits) == (calls + 1, hits + 3)
-        for x, y in zip(a, b):
-            assert x.token_ids == y.token_ids
-            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
-            torch.testing.assert_close(torch.tensor(x.entropies), torch.tensor(y.entropies), atol=1e-5, rtol=0)
-        ctxs = [c + x.token_ids + _prompt(tok, " result" + " 7" * i + " .") for i, (c, x) in enumerate(zip(ctxs, a))]
-    assert len({len(c) for c in ctxs}) == 3
+            assert cached.stats.prefix_tokens - reused == sum(len(ctx) - max(new) for ctx in ctxs)
+            assert split.stats.prefill_calls == split_calls + 3
+        assert all(torch.equal(k, k0) and torch.equal(v, v0)
+                   for p, kv in before.values() for (k, v), (k0, v0) in zip(p.kv, kv))  # fmt: skip
+        for x, y, z in zip(a, b, c):
+            assert x.token_ids == y.token_ids == z.token_ids
+            for got in (x, z):
+                torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+                torch.testing.assert_close(torch.tensor(got.entropies), torch.tensor(y.entropies), atol=1e-5, rtol=0)
+        kept = [len(ctx) + len(x.token_ids) - 1 for ctx, x in zip(ctxs, a)]  # cached: all but the last token
+        ctxs = [ctx + x.token_ids + _prompt(tok, " result" + " 7" * i + " .") for i, (ctx, x) in enumerate(zip(ctxs, a))]
 
 
 def test_the_longest_kept_start_is_found_among_thousands_sharing_a_system_prompt():
     """3,000 kept caches that share a 40-token system prompt: a prompt gets the one holding its longest start,
-    or the newest where only the system prompt is shared; a dropped cache is no longer found; a cache whose
-    index says more than its tokens hold (two runs with one hash) is not reused."""
+    or the one added last where only the system prompt is shared; a dropped cache is no longer found; of two
+    holders, the one the prompt holds whole; a cache whose index says more than its tokens hold (two runs with
+    one hash) is not reused."""
     from agentenv.policies.hf import _chain, _KeptCaches, _Prefix
 
     def prefix(tokens, nbytes=1):
-        return _Prefix(tokens, [], 0, nbytes, _chain(tokens))
+        return _Prefix(tokens, [], nbytes, _chain(tokens))
 
     kept, system = _KeptCaches(1 << 30), list(range(40))
     for i in range(3000):
@@ -421,7 +432,7 @@ def test_the_longest_kept_start_is_found_among_thousands_sharing_a_system_prompt
     assert (n, found.tokens[40]) == (43, 1000 + 1234)
     assert next(reversed(kept.caches)) == key  # a hit is the most recently used
     found, n, _ = kept.find(system + [5] * 30)
-    assert (n, found.tokens[40]) == (40, 1000 + 2999)  # the system prompt only: the newest holder
+    assert (n, found.tokens[40]) == (40, 1000 + 2999)  # the system prompt only: the holder added last
     assert kept.find(system + [5] * 50) is None  # 40 of 90 tokens: less than half is worth no reuse
     kept.drop(key)
     found, n, _ = kept.find(system + [1000 + 1234, 7, 8, 5, 6])
@@ -430,8 +441,13 @@ def test_the_longest_kept_start_is_found_among_thousands_sharing_a_system_prompt
     for i in range(4):
         bounded.add(prefix([i] * 8, nbytes=3))
     assert bounded.nbytes == 9 and bounded.find([0] * 8 + [1]) is None and bounded.find([3] * 8 + [1])[1] == 8
+    exact = _KeptCaches(100)  # of two holders of the longest shared run, the one it holds whole (then dropped)
+    exact.add(prefix(list(range(1, 11))))
+    exact.add(prefix(list(range(1, 13))))
+    found, n, _ = exact.find(list(range(1, 11)) + [50] * 5)
+    assert n == 10 and len(found.tokens) == 10
     liar = _KeptCaches(100)
-    liar.add(_Prefix([1, 2, 3, 4], [], 0, 1, _chain([1, 2, 9, 9])))
+    liar.add(_Prefix([1, 2, 3, 4], [], 1, _chain([1, 2, 9, 9])))
     assert liar.find([1, 2, 9, 9, 5]) is None
 
 
