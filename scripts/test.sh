@@ -33,7 +33,7 @@ fi
 # Ray cluster starts once, and tests/conftest.py hands out the modules with slow tests first; one module's waits
 # (engine, container and cluster starts, servers, subprocesses) overlap another's work. Each worker computes on one
 # thread (OMP_NUM_THREADS=1, inherited by what it starts), so the two never contend for the cores: on 2 cores the
-# suite took 15.3 minutes of pytest this way (15.1, 15.7 and 16.3 in other runs, the last with other work beside
+# suite took 15.5 minutes of pytest this way (14.2, 14.9, 15.1, 15.3 and 16.3 in other runs, the last with other work beside
 # it) against 21.4 with two threads each and 25.2 in one process.
 WORKERS=${AGENTENV_TEST_WORKERS:-2}
 if [ "$WORKERS" -gt 0 ]; then
