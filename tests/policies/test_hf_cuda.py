@@ -61,3 +61,29 @@ def test_cuda_load_weights_from_cpu_tensors(cuda_policy, small_tokenizer):
     with torch.no_grad():
         lp, _ = sequence_logprobs(other, torch.tensor([prompt + after.token_ids]))
     torch.testing.assert_close(lp[0, len(prompt) - 1 :], torch.tensor(after.logprobs), atol=1e-4, rtol=0)
+
+
+def test_cuda_next_turns_over_kept_caches_prefill_together_and_report_the_models_scoring(cuda_policy, small_tokenizer):
+    """Three agents' next turns on the GPU, each over the cache its last turn left there: the three prefill in
+    one forward, and every logprob and entropy reported is the model's own scoring of the whole context."""
+    tok = small_tokenizer
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=3, include_eos=True)
+    texts = ("the quick brown fox", "a lazy dog sleeps in the warm sun all day long", "one two three four five six")
+    ctxs, stats = [_prompt(tok, t) for t in texts], cuda_policy.stats
+    for turn in range(3):
+        calls, hits = stats.prefill_calls, stats.prefix_hits
+        gens = cuda_policy.generate_many_sync(ctxs, params)
+        if turn:
+            assert (stats.prefill_calls, stats.prefix_hits) == (calls + 1, hits + 3)
+        assert all(k.is_cuda for p in cuda_policy._kept.caches.values() for k, _ in p.kv)
+        for ctx, g in zip(ctxs, gens):
+            n = len(g.token_ids)
+            with torch.no_grad():
+                lp, ent = sequence_logprobs(
+                    cuda_policy.model, torch.tensor([ctx + g.token_ids], device="cuda"), None, 1.0
+                )
+            torch.testing.assert_close(lp[0, -n:].cpu(), torch.tensor(g.logprobs), atol=1e-4, rtol=0)
+            torch.testing.assert_close(ent[0, -n:].cpu(), torch.tensor(g.entropies), atol=1e-4, rtol=0)
+        ctxs = [
+            ctx + g.token_ids + _prompt(tok, " result" + " 7" * i + " .") for i, (ctx, g) in enumerate(zip(ctxs, gens))
+        ]
