@@ -38,7 +38,7 @@ fi
 WORKERS=${AGENTENV_TEST_WORKERS:-2}
 if [ "$WORKERS" -gt 0 ]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  set -- -n "$WORKERS" --dist loadfile "$@"
+  set -- -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 fi
 $PY -m pytest -q -p no:randomly "$@"
 rc=$?

@@ -22,9 +22,10 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadfile`: a module stays on one worker, so its one
-    engine or cluster starts once), the modules with slow tests are handed out first: the long ones start early
-    and the short ones fill the gaps, instead of one worker ending on a long module while the other waits.
-    Within a module the order is kept. A serial run keeps the collection order."""
+    engine or cluster starts once, and `--no-loadscope-reorder` keeps this order), the longest modules are handed
+    out first, then the other modules with slow tests: the long ones start early and the short ones fill the gaps,
+    instead of one worker ending on a long module while the other waits. Within a module the order is kept. A
+    serial run keeps the collection order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # set in each xdist worker, which collects what it runs
         return
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
@@ -36,16 +37,52 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: files and tests keep their order
 
 
-# The modules that took longest in a serial run (`--durations`, the tests' times summed per module), longest
-# first: one worker starts the longest while the other works through the rest, so neither ends last on one of
-# them alone. A module missing here only loses its place at the front.
+# The modules that take longest (seconds: their tests' wall time summed, in a `scripts/test.sh` run of 2026-11-28
+# on 2 cores), longest first: a worker that comes free takes the longest left (xdist's reordering by test count is
+# off: `--no-loadscope-reorder`), so the short modules come last and both workers end within seconds of each
+# other. A module missing here comes after these, slow ones first.
 _LONGEST_MODULES = (
-    "tests/toy/test_tiny_shipped.py",  # the tiny model's fresh build: 202 s
-    "tests/distributed/test_ray_rollout.py",
-    "tests/training/test_sharding.py",
-    "tests/training/test_real_grpo.py",
-    "tests/policies/test_vllm.py",
-    "tests/training/test_first_run.py",
+    "tests/toy/test_tiny_shipped.py",  # 295 s
+    "tests/distributed/test_ray_rollout.py",  # 221 s
+    "tests/training/test_sharding.py",  # 93 s
+    "tests/training/test_first_run.py",  # 85 s
+    "tests/policies/test_vllm.py",  # 79 s
+    "tests/training/test_real_grpo.py",  # 77 s
+    "tests/policies/test_real_smollm2.py",  # 77 s
+    "tests/distributed/test_cluster_faults.py",  # 45 s
+    "tests/training/test_sft.py",  # 37 s
+    "tests/bench/test_runner.py",  # 37 s
+    "tests/bench/test_ray_bench.py",  # 35 s
+    "tests/envs/test_verifiers_env.py",  # 33 s
+    "tests/policies/test_vllm_weight_push.py",  # 32 s
+    "tests/tasks/test_reward_gate.py",  # 32 s
+    "tests/training/test_checkpoints.py",  # 31 s
+    "tests/tools/mcp/test_mcp.py",  # 28 s
+    "tests/policies/test_vllm_start_kill.py",  # 25 s
+    "tests/training/test_chaos.py",  # 25 s
+    "tests/envs/test_openenv_env.py",  # 23 s
+    "tests/training/test_distributed.py",  # 23 s
+    "tests/training/test_user_parts.py",  # 22 s
+    "tests/training/test_async.py",  # 22 s
+    "tests/tools/python_sandbox/test_isolation.py",  # 19 s
+    "tests/training/test_loss_norm.py",  # 19 s
+    "tests/training/test_packing.py",  # 18 s
+    "tests/tools/python_sandbox/test_hostile.py",  # 17 s
+    "tests/training/test_resume.py",  # 17 s
+    "tests/envs/test_env_parts.py",  # 17 s
+    "tests/view/test_browser.py",  # 16 s
+    "tests/envs/test_real_formats.py",  # 15 s
+    "tests/training/test_dynamic_sampling.py",  # 14 s
+    "tests/tools/python_sandbox/test_healing.py",  # 14 s
+    "tests/tools/mcp/test_mcp_attacks.py",  # 14 s
+    "tests/training/test_trainer.py",  # 13 s
+    "tests/training/test_reinforce_pp_global.py",  # 13 s
+    "tests/distributed/test_weight_push.py",  # 12 s
+    "tests/algorithms/test_arpo_tiny.py",  # 11 s
+    "tests/tools/python_sandbox/test_cold_start.py",  # 11 s
+    "tests/tools/python_sandbox/test_pool.py",  # 10 s
+    "tests/tools/search/test_cache.py",  # 9 s
+    "tests/training/test_estimator_composition.py",  # 8 s
 )
 
 
