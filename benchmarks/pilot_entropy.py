@@ -294,7 +294,7 @@ def main() -> None:
     for cond, t, prefill in runs:
         if t.failed:
             continue
-        for name, k, row in after_results(t, ent[id(t)], tokenizer, prefill):
+        for name, _k, row in after_results(t, ent[id(t)], tokenizer, prefill):
             if row:
                 after.setdefault(f"{cond}: after a {name} result", []).append(row)
                 after.setdefault("all: after any tool result", []).append(row)

@@ -417,8 +417,8 @@ async def part_tiny(args: Any, out: list[str], tools_names: list[str], medians: 
                                       Latency(median, seed=args.seed))  # fmt: skip
             for algo in ("grpo", "arpo"):
                 acfg = cfg.algorithm_config if algo == "arpo" else 8
-                label = {"policy": "tiny (hf)", "tools": "+".join(tools_names), "algo": algo,
-                         "size": f"{len(tasks)} × 8", "calls": "model", "latency": f"{median:g} s" if median else "0 (real only)"}  # fmt: skip
+                label = {"policy": "tiny (hf)", "tools": "+".join(tools_names), "algo": algo, "size": f"{len(tasks)} × 8",
+                         "calls": "model", "latency": f"{median:g} s" if median else "0 (real only)"}  # fmt: skip
                 out += await compare(label, algo, acfg, policy, make_env, tasks, params, args.seed)
     finally:
         await rt.aclose()

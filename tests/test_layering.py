@@ -12,7 +12,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "agentenv"
 
-BASE = {"errors", "types", "registry", "loader", "cache", "_reaper", "_loops"}  # _reaper, _loops: used by tools (sandbox), envs and policies (vLLM)
+# _reaper, _loops: used by tools (sandbox), envs and policies (vLLM)
+BASE = {"errors", "types", "registry", "loader", "cache", "_reaper", "_loops"}
 # layer -> the layers its modules may import (besides their own and BASE)
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
@@ -161,4 +162,5 @@ def test_the_shared_plumbing_is_in_the_base_layer():
     assert layer("agentenv._loops") == "base"
     graph = _import_graph()
     users = {m for m, out in graph.items() if "agentenv._loops" in out}
-    assert {"agentenv.envs.toolloop", "agentenv.envs.sync", "agentenv.tools.python_sandbox.pool", "agentenv.policies.vllm.policy", "agentenv.policies.hf"} <= users
+    assert {"agentenv.envs.toolloop", "agentenv.envs.sync", "agentenv.tools.python_sandbox.pool",
+            "agentenv.policies.vllm.policy", "agentenv.policies.hf"} <= users

@@ -1,4 +1,5 @@
-"""The linter and the type checker, as configured in pyproject.toml, report nothing on agentenv/.
+"""The linter and the type checker, as configured in pyproject.toml, report nothing: the linter on the whole
+repository (the package, its tests, benchmarks and scripts), the type checker on agentenv/.
 
 Both are in the `dev` extra; a missing one fails this test (it is part of the suite, not optional).
 mypy keeps its incremental cache in the repository's .mypy_cache (gitignored).
@@ -21,7 +22,7 @@ def _run(*cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_ruff_reports_nothing():
     ruff = shutil.which("ruff")
     assert ruff is not None, "ruff is not installed: pip install -e '.[dev]'"
-    out = _run(ruff, "check", "agentenv", timeout=120)
+    out = _run(ruff, "check", ".", timeout=120)  # the package, its tests, benchmarks and scripts
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -82,6 +82,16 @@ def test_a_huge_text_is_cut_by_characters_before_it_is_tokenized(tok, monkeypatc
     assert cut and tok.decode(ids).endswith("...[truncated]\n</result>")
 
 
+def _spying(result, threads: list[threading.Thread]):
+    """`result`, noting the thread of each call in `threads`."""
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return result(*args, **kwargs)
+
+    return spy
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_a_large_result_is_framed_off_the_event_loop(tok, task, enc, fmt):
     big, small = "Quenby is the capital. " * 50_000, "Quenby is the capital."
@@ -90,13 +100,7 @@ async def test_a_large_result_is_framed_off_the_event_loop(tok, task, enc, fmt):
         env = AgentEnv([TextTool(text)], tok, config={**FORMATS[fmt], "max_result_tokens": 200})
         env.reset(options={"task": task})
         threads: list[threading.Thread] = []
-        result = env._format.result
-
-        def spy(*args, **kwargs):
-            threads.append(threading.current_thread())
-            return result(*args, **kwargs)
-
-        env._format.result = spy
+        env._format.result = _spying(env._format.result, threads)
         obs, _, term, _, info = await env.astep(enc(CALL[fmt]))
         assert not term and len(obs) <= 200 and info["result_truncated"] == off_loop
         assert (threads[0] is not threading.current_thread()) == off_loop, (len(text), threads)

@@ -57,7 +57,8 @@ def test_register_tool_env_lazy_string(tok, enc):
 
 def test_bad_tool_factory_is_a_config_error(tok):
     register_tool_env("TestBroken", "agentenv.envs.testing:NoSuchTool")
-    with pytest.raises(agentenv.ConfigError, match="tool_env.tool: tool 'agentenv.envs.testing:NoSuchTool' failed to import: AttributeError"):
+    said = "tool_env.tool: tool 'agentenv.envs.testing:NoSuchTool' failed to import: AttributeError"
+    with pytest.raises(agentenv.ConfigError, match=said):
         gymnasium.make("agentenv/TestBroken-v0", tokenizer=tok)
 
 

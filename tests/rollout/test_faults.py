@@ -117,7 +117,7 @@ async def test_a_real_cancellation_still_propagates_and_closes_the_tools(tok, af
     for _ in range(5):
         proto = CounterTool("search")
         slow = ScriptedPolicy(tok, TURNS, delay_s=5.0)
-        job = asyncio.create_task(run_group(slow, factory(tok, lambda: [proto]), make_task(), 2, PARAMS, seed=0))
+        job = asyncio.create_task(run_group(slow, factory(tok, lambda proto=proto: [proto]), make_task(), 2, PARAMS, seed=0))
         await asyncio.sleep(after_s)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -89,7 +89,7 @@ def test_packed_logprobs_and_gradients_equal_unpacked(attn, left):
     torch.testing.assert_close(lp_p, lp_u, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent_p, ent_u, atol=1e-5, rtol=0)
     for name in g_u:
-        torch.testing.assert_close(g_p[name], g_u[name], atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(g_p[name], g_u[name], atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert any(g.abs().max() > 1e-3 for g in g_u.values())  # the comparison is not of zeros
 
 

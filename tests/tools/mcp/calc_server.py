@@ -1,6 +1,8 @@
 """An MCP server written with the SDK's server class (`MCPServer`, FastMCP's name in mcp 2.x), run over stdio.
 
-    python calc_server.py [--http PORT]   # stdio, or streamable HTTP on 127.0.0.1; tools: add, divide, crash, wait, remember/recall (state kept in the process)
+    python calc_server.py [--http PORT]   # stdio, or streamable HTTP on 127.0.0.1
+
+Tools: add, divide, crash, wait, remember/recall (state kept in the process).
 """
 
 from __future__ import annotations

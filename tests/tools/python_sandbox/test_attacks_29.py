@@ -190,7 +190,7 @@ async def test_s4_a_control_socket_flood_ends_the_flooder_not_its_neighbours(ses
         flood = asyncio.create_task(attacker.run(FLOOD, timeout_s=10))
         await asyncio.sleep(0.3)
         slowest = 0.0
-        for k in range(5):  # the neighbours answer at once while (and after) it floods
+        for _ in range(5):  # the neighbours answer at once while (and after) it floods
             for i, v in enumerate(victims):
                 t = time.monotonic()
                 r = await v.run("x")

@@ -399,7 +399,8 @@ async def test_a_thread_hog_leaves_room_for_the_other_sessions(session_pool):
         await asyncio.sleep(1.0)
         victims = [await session_pool.open_session() for _ in range(4)]
         try:
-            results = await asyncio.gather(*(v.run(f"x = {i}\nimport subprocess\nsubprocess.run(['true'])\nx") for i, v in enumerate(victims)))
+            code = "x = {}\nimport subprocess\nsubprocess.run(['true'])\nx"
+            results = await asyncio.gather(*(v.run(code.format(i)) for i, v in enumerate(victims)))
             assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)], results
         finally:
             for v in victims:
