@@ -84,11 +84,13 @@ def policy(served):
 
 class _Watch:
     """Records every request the policy adds to the engine, and pushes weights when the streamed
-    (stop-string) requests have received `at[i]` tokens each on average: the engine steps every running
-    request together, so the others are as far."""
+    (stop-string) requests have received `at[i]` tokens each on average, counted from when all `requests`
+    are in the engine: the engine steps every running request together, so the others are as far (a request
+    added late on a loaded machine would otherwise start after the first push, with no token of v0)."""
 
-    def __init__(self, policy, pushes: list[dict], at: list[int], watched: int):
+    def __init__(self, policy, pushes: list[dict], at: list[int], watched: int, requests: int):
         self.policy, self.pushes, self.at, self.watched = policy, list(pushes), list(at), watched
+        self.expected = requests
         self.requests: list[tuple[list[int], int]] = []  # (context sent, the version stamped on its tokens)
         self.streamed = 0
         self.threads: list[threading.Thread] = []
@@ -104,6 +106,8 @@ class _Watch:
         policy._request = request
 
     def _tokens(self, n: int) -> None:
+        if len(self.requests) < self.expected:
+            return  # tokens from before every request is running do not count
         self.streamed += n
         if self.pushes and self._push_done.is_set() and self.streamed >= self.at[0] * self.watched:
             self.at.pop(0)
@@ -148,7 +152,7 @@ def _generate_with_pushes(policy, pushes: list[dict], at: list[int]):
     prompts = [tok.encode(f"{w} the quick brown fox {i}") for i, w in enumerate(["search", "answer"] * 4)]
     streamed = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, stop=("@@@@",))
     final_only = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
-    watch = _Watch(policy, pushes, at, watched=4)
+    watch = _Watch(policy, pushes, at, watched=4, requests=len(prompts))
 
     async def run():
         return await asyncio.gather(
