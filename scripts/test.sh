@@ -29,13 +29,14 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "chromium could not be installed: apt-get install chromium" >&2; exit 1; }
 fi
 
-# Two pytest-xdist workers (`-n 2 --dist loadfile`) by default: a module stays on one worker, so its one engine or
-# Ray cluster starts once, and tests/conftest.py hands out the modules with slow tests first; one module's waits
-# (engine, container and cluster starts, servers, subprocesses) overlap another's work. Each worker computes on one
-# thread (OMP_NUM_THREADS=1, inherited by what it starts), so the two never contend for the cores: on 2 cores the
-# suite took 15.5 minutes of pytest this way (14.2, 14.9, 15.1, 15.3 and 16.3 in other runs, the last with other work beside
-# it) against 21.4 with two threads each and 25.2 in one process.
-WORKERS=${AGENTENV_TEST_WORKERS:-2}
+# Three pytest-xdist workers (`-n 3 --dist loadfile`) by default: a module stays on one worker, so its one engine
+# or Ray cluster starts once, and tests/conftest.py hands out the longest modules first (`--no-loadscope-reorder`
+# keeps its order); one module's waits (engine, container and cluster starts, servers, subprocesses) overlap the
+# others' work. Each worker computes on one thread (OMP_NUM_THREADS=1, inherited by what it starts). On 2 cores a
+# third worker fills the waits the other two leave: the cores were busy 97% of the run against 92% with two, and
+# the suite took 13.2 minutes of pytest against 15.4 with two workers (runs of 2026-11-28; 21.4 with two threads
+# each and 25.2 in one process in earlier rounds). AGENTENV_TEST_WORKERS sets the count (0: one process).
+WORKERS=${AGENTENV_TEST_WORKERS:-3}
 if [ "$WORKERS" -gt 0 ]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   set -- -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"

@@ -21,7 +21,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadfile`: a module stays on one worker, so its one
+    """Under pytest-xdist (`scripts/test.sh` runs `-n 3 --dist loadfile`: a module stays on one worker, so its one
     engine or cluster starts once, and `--no-loadscope-reorder` keeps this order), the longest modules are handed
     out first, then the other modules with slow tests: the long ones start early and the short ones fill the gaps,
     instead of one worker ending on a long module while the other waits. Within a module the order is kept. A
