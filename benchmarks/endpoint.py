@@ -14,9 +14,13 @@ loaded machine slows them alike), all over the same policy:
 - `HTTP`: this endpoint over HTTP with the same clients (an agent in another
   process, or one given only the URL);
 - `in-process`: this endpoint with the client `AgentRunner` gives its agents
-  (`agent_http_client`: `LocalTransport`, no socket).
+  (`agent_http_client`: `LocalTransport`, no socket);
+- `HTTP, agents in another process`: this endpoint over HTTP, its agents (the
+  same clients, requests and seeds) in a process of their own, as agents given
+  only the URL run (another program, another host); their process is started
+  and its clients made before the clock starts.
 
-The agents run in this process and on its event loop, as `rollout.agent` does.
+The agents of the other paths run in this process and on its event loop, as `rollout.agent` does.
 Reported: requests/s (median of the rounds) and its share of the direct path's
 (median of the rounds' ratios), request latency p50/p95, and the latency the
 endpoint adds, per request: the client's wall time minus the time its
@@ -40,6 +44,7 @@ import asyncio
 import contextvars
 import cProfile
 import importlib.util
+import json
 import statistics
 import subprocess
 import sys
@@ -102,6 +107,64 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def messages(a: int, i: int) -> list[Any]:
+    """Agent `a`'s request `i`."""
+    return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"Question {a}.{i}: 17 + {a * 31 + i}?"}]
+
+
+ELSEWHERE = object()  # the agents' client for the path whose agents run in another process
+
+
+async def agents_elsewhere(url: str, keys: list[str], requests: int, max_tokens: int) -> tuple[float, list[list[float]]]:
+    """One agent per episode key in a process of its own (`agents_process`), over HTTP: their elapsed seconds,
+    from when every client is made, and each request's wall time, by agent."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--agents-process",
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps({"url": url, "keys": keys, "requests": requests, "max_tokens": max_tokens}).encode() + b"\n")
+        await proc.stdin.drain()
+        if (await proc.stdout.readline()).strip() != b"ready":
+            raise RuntimeError("the agents' process did not start (its error is above)")
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        out = json.loads(await proc.stdout.readline())
+    finally:
+        if proc.returncode is None:
+            proc.stdin.close()
+            await proc.wait()
+    return out["elapsed"], out["walls"]
+
+
+def agents_process() -> None:
+    """The agents of `agents_elsewhere`: reads their spec from stdin, says `ready`, waits for `go`, runs them,
+    and writes their times to stdout."""
+    import openai
+
+    spec = json.loads(sys.stdin.readline())
+
+    async def run() -> None:
+        http = openai.DefaultAsyncHttpxClient()
+        clients = [openai.AsyncOpenAI(base_url=spec["url"], api_key=k, max_retries=0, http_client=http) for k in spec["keys"]]
+        walls: list[list[float]] = [[] for _ in clients]
+
+        async def agent(a: int) -> None:
+            for i in range(spec["requests"]):
+                t0 = time.perf_counter()
+                await clients[a].chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=spec["max_tokens"])
+                walls[a].append(time.perf_counter() - t0)
+
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent(a) for a in range(len(clients))))
+        elapsed = time.perf_counter() - t0
+        await http.aclose()
+        print(json.dumps({"elapsed": elapsed, "walls": walls}), flush=True)
+
+    asyncio.run(run())
+
+
 GENERATE_S: contextvars.ContextVar[float] = contextvars.ContextVar("generate_s")  # the request's generate time, for its handler
 
 
@@ -162,9 +225,6 @@ async def main(args: argparse.Namespace) -> None:
     chat = ChatTemplate.from_config(policy.tokenizer, "chatml_hermes", {})
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
 
-    def messages(a: int, i: int) -> list[Any]:
-        return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"Question {a}.{i}: 17 + {a * 31 + i}?"}]
-
     # warm-up: the model's first batches
     await asyncio.gather(*(policy.generate(chat.encode(chat.render(messages(a, 0), add_generation_prompt=True)), params)
                            for a in range(args.agents)))  # fmt: skip
@@ -179,6 +239,7 @@ async def main(args: argparse.Namespace) -> None:
         f"endpoint ({args.before}), HTTP": (before, http),
         "endpoint, HTTP": (after, http),
         "endpoint, in-process": (after, local),
+        "endpoint, HTTP, agents in another process": (after, ELSEWHERE),
     }
 
     async def through(ep: Any, client_http: Any, agents: int) -> tuple[float, list[float], list[float], list[float]]:
@@ -186,6 +247,15 @@ async def main(args: argparse.Namespace) -> None:
         added: list[float] = []
         ep.handler = []
         policy.took.clear()
+        if client_http is ELSEWHERE:
+            recs = [ep.open_episode(policy, params, seed=a) for a in range(agents)]
+            elapsed, walls = await agents_elsewhere(ep.url, [r.key for r in recs], args.requests, args.max_tokens)
+            for a, ws in enumerate(walls):
+                wall += ws
+                added += [dt - policy.took[derive_seed(a, i)] for i, dt in enumerate(ws)]
+            for r in recs:
+                ep.close_episode(r.key)
+            return elapsed, wall, added, ep.handler
 
         async def agent(a: int) -> None:
             rec = ep.open_episode(policy, params, seed=a)
@@ -292,10 +362,10 @@ async def main(args: argparse.Namespace) -> None:
         for k in [*names, "total"]:
             cells = [sum(o.values()) if k == "total" else o.get(k, 0.0) for o in owners.values()]
             print(f"| {k} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    print("\nof direct: the rounds' median of direct time / this path's time; CPU per request: the process's (every "
-          "thread's: the model's, the agents' clients', the endpoint's), median of the rounds; added: per request, the "
-          "client's wall time minus its policy.generate time inside the endpoint; in-server: the handler's time "
-          "minus its generate's (quantiles of each).")
+    print("\nof direct: the rounds' median of direct time / this path's time; CPU per request: this process's (every "
+          "thread's: the model's, the agents' clients', the endpoint's; not the other process's agents'), median of "
+          "the rounds; added: per request, the client's wall time minus its policy.generate time inside the endpoint; "
+          "in-server: the handler's time minus its generate's (quantiles of each).")
     for ep in (before, after):
         await ep.aclose()
     await http.aclose()
@@ -303,6 +373,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--agents-process"]:  # (agents_elsewhere's child)
+        agents_process()
+        sys.exit(0)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--requests", type=int, default=8)
