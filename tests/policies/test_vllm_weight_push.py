@@ -84,9 +84,10 @@ def policy(served):
 
 class _Watch:
     """Records every request the policy adds to the engine, and pushes weights when the streamed
-    (stop-string) requests have received `at[i]` tokens each on average, counted from when all `requests`
-    are in the engine: the engine steps every running request together, so the others are as far (a request
-    added late on a loaded machine would otherwise start after the first push, with no token of v0)."""
+    (stop-string) requests have received `at[i]` tokens each on average, counted while all `requests`
+    are in the engine under the newest weights: the engine steps every running request together, so the
+    others are as far (a request added late on a loaded machine would otherwise start after the first push,
+    with no token of v0)."""
 
     def __init__(self, policy, pushes: list[dict], at: list[int], watched: int, requests: int):
         self.policy, self.pushes, self.at, self.watched = policy, list(pushes), list(at), watched
@@ -106,8 +107,11 @@ class _Watch:
         policy._request = request
 
     def _tokens(self, n: int) -> None:
-        if len(self.requests) < self.expected:
-            return  # tokens from before every request is running do not count
+        if not self._push_done.is_set() or len(self.requests) < self.expected * (1 + len(self.threads)):
+            # Tokens count only once every request is running under the newest weights: the `requests` first
+            # adds, then each push's as many resumes (on a loaded machine a request resumed late would otherwise
+            # meet the next push before its re-add, skip a version, and be resumed once where the test counts two).
+            return
         self.streamed += n
         if self.pushes and self._push_done.is_set() and self.streamed >= self.at[0] * self.watched:
             self.at.pop(0)
