@@ -7,6 +7,13 @@ import os
 
 import pytest
 
+# Ray starts its workers at nice 15 (its `worker_niceness`), and the clusters the tests start inherit this
+# environment. Beside the suite's other pytest-xdist workers (nice 0) on 2 cores, a Ray module's workers then got
+# a few percent of a core whenever the others computed: tests/distributed/test_ray_rollout.py took 174 s alone and
+# about 900 s inside the suite (its cluster fixture 81 s against 468 s), the whole command 967-1040 s against 786.
+# At nice 0 they share the cores as every other test's processes do.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
