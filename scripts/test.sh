@@ -3,7 +3,7 @@
 # pytest's exit 5 (no tests collected) counts as a failure.
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh -m "not slow"   # the fast tier
-#   AGENTENV_TEST_WORKERS=0 bash scripts/test.sh   # one process, no pytest-xdist (default: 2 workers)
+#   AGENTENV_TEST_WORKERS=0 bash scripts/test.sh   # one process, no pytest-xdist (default: 3 workers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
