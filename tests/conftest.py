@@ -10,8 +10,8 @@ import pytest
 # Ray starts its workers at nice 15 (its `worker_niceness`), and the clusters the tests start inherit this
 # environment. Beside the suite's other pytest-xdist workers (nice 0) on 2 cores, a Ray module's workers then got
 # a few percent of a core whenever the others computed: tests/distributed/test_ray_rollout.py took 174 s alone and
-# about 900 s inside the suite (its cluster fixture 81 s against 468 s), the whole command 967-1040 s against 786.
-# At nice 0 they share the cores as every other test's processes do.
+# about 900 s inside the suite (its cluster fixture 81 s against 468 s), and the suite ended on it. At nice 0 they
+# share the cores as every other test's processes do (the suite: 916 s against 967 and 1040 on the same host).
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`scripts/test.sh` runs `-n 3 --dist loadfile`: a module stays on one worker, so its one
     engine or cluster starts once, and `--no-loadscope-reorder` keeps this order), the longest modules are handed
     out first, then the other modules with slow tests: the long ones start early and the short ones fill the gaps,
-    instead of one worker ending on a long module while the other waits. Within a module the order is kept. A
+    instead of one worker ending on a long module while the others wait. Within a module the order is kept. A
     serial run keeps the collection order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # set in each xdist worker, which collects what it runs
         return
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 
 # The modules that take longest (seconds: their tests' wall time summed, in a `scripts/test.sh` run of 2026-11-28
 # on 2 cores), longest first: a worker that comes free takes the longest left (xdist's reordering by test count is
-# off: `--no-loadscope-reorder`), so the short modules come last and both workers end within seconds of each
+# off: `--no-loadscope-reorder`), so the short modules come last and the workers end within seconds of each
 # other. A module missing here comes after these, slow ones first.
 _LONGEST_MODULES = (
     "tests/toy/test_tiny_shipped.py",  # 295 s

@@ -113,7 +113,7 @@ class _Watch:
             # meet the next push before its re-add, skip a version, and be resumed once where the test counts two).
             return
         self.streamed += n
-        if self.pushes and self._push_done.is_set() and self.streamed >= self.at[0] * self.watched:
+        if self.pushes and self.streamed >= self.at[0] * self.watched:
             self.at.pop(0)
             self._push_done.clear()
             t = threading.Thread(target=self._push, args=(self.pushes.pop(0),))  # load_weights blocks: not on the loop
