@@ -958,6 +958,23 @@ class Run:
         self.oom0 = oom_kills()
         self.dir = None
 
+    def ended(self, exit_code):
+        """(exit_code, error) of a job whose process ended or is being killed: the status it
+        wrote wins over `exit_code`. The zygote's word of the exit can be read before the
+        status pipe (both are ready in one batch of events), so what is left is read now."""
+        if self.status_fd is not None:
+            try:
+                self.status += os.read(self.status_fd, STATUS_MAX + 1)
+            except OSError:  # nothing written: a process it forked may still hold the pipe
+                pass
+        if not self.status or len(self.status) > STATUS_MAX:  # none, or a flood
+            return exit_code, None
+        try:
+            written, error = checked_status(json.loads(self.status))
+        except ValueError:  # cut short by the kill
+            return exit_code, None
+        return (exit_code if written is None else written), error
+
     def reply(self, exit_code, sig, error):
         oom = False
         if sig == signal.SIGKILL and self.killed is None:
@@ -1227,7 +1244,8 @@ class Runner:
         run = self.jobs.get(uid)
         if run is not None:
             exit_code, sig = decode_status(status)
-            self.finish_job(run, exit_code, None, sig)
+            exit_code, error = run.ended(exit_code)
+            self.finish_job(run, exit_code, error, sig)
         self.head_exited(pid)
 
     def head_exited(self, pid):
@@ -1433,12 +1451,6 @@ class Runner:
     def finish_job(self, run, exit_code, error, sig=None):
         """Answers a stateless call (once): every process of its uid dies first."""
         self.jobs.pop(run.uid, None)
-        if run.status_fd is not None and error is None and exit_code is None and not run.status:
-            try:  # reaped before its status was read
-                run.status += os.read(run.status_fd, STATUS_MAX)
-                exit_code, error = checked_status(json.loads(run.status))
-            except (OSError, ValueError):
-                pass
         self.close_status(run)
         kill_uid(run.uid)
         drop_sysv(run.uid)
@@ -1714,7 +1726,8 @@ class Runner:
         ("died"), or the session is lost after RECOVER_S."""
         run.killed, run.kill_time = why, time.monotonic()
         if run.sid is None:
-            self.finish_job(run, None, None, signal.SIGKILL)
+            exit_code, error = run.ended(None)
+            self.finish_job(run, exit_code, error, signal.SIGKILL)
             return
         s = self.sessions.get(run.sid)
         if s is not None and s.cell is run:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import time
@@ -216,6 +218,40 @@ def test_the_runner_checks_a_status_from_user_code():
     for forged in ({"exit": "0"}, {"exit": True}, {"exit": None, "error": ["x"]}, [1], {"exit": 1 << 40}):
         exit_code, error = runner.checked_status(forged)
         assert exit_code is None and isinstance(error, str)
+
+
+
+def test_a_jobs_written_status_wins_over_its_exit_read_first():
+    """The zygote's word that a job exited can be read before the job's status pipe (both
+    are ready in one batch of events): the status it wrote still names the error."""
+    fds: list[int] = []
+
+    def job(written: bytes, *, close: bool = True, read_first: bytes = b"") -> runner.Run:
+        run = runner.Run({"id": 1}, None, 10_001)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.write(w, written)
+        if close:
+            os.close(w)
+        else:
+            fds.append(w)
+        fds.append(r)
+        run.status_fd, run.status = r, read_first
+        return run
+
+    memory = json.dumps({"exit": 1, "error": "MemoryError"}).encode()
+    assert job(memory).ended(1) == (1, "MemoryError")  # its exit came first
+    assert job(memory[7:], read_first=memory[:7]).ended(1) == (1, "MemoryError")  # half was read
+    assert job(memory).ended(None) == (1, "MemoryError")  # killed after it wrote
+    assert job(json.dumps({"exit": 300, "error": "SystemExit: 300"}).encode()).ended(44) == (300, "SystemExit: 300")
+    assert job(b"", close=False).ended(1) == (1, None)  # nothing written, the pipe still held open
+    assert job(b"").ended(None) == (None, None)  # killed before it wrote
+    assert job(memory[:9]).ended(None) == (None, None)  # cut short by the kill
+    flood = job(b"", read_first=b"{" * (runner.STATUS_MAX + 1))  # on_status read past the limit
+    assert flood.ended(1) == (1, None)  # a flood is no status
+    assert job(b'{"exit": "1"}').ended(1) == (1, "the call's process sent a malformed status")
+    for fd in fds:
+        os.close(fd)
 
 
 async def test_a_full_pool_says_which_setting_to_raise():
