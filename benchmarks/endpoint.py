@@ -112,6 +112,16 @@ def messages(a: int, i: int) -> list[Any]:
     return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"Question {a}.{i}: 17 + {a * 31 + i}?"}]
 
 
+async def agent_walls(client: Any, a: int, requests: int, max_tokens: int) -> list[float]:
+    """Agent `a`'s requests through `client` (an `openai.AsyncOpenAI`), one after another: each one's wall time."""
+    walls = []
+    for i in range(requests):
+        t0 = time.perf_counter()
+        await client.chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=max_tokens)
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
 ELSEWHERE = object()  # the agents' client for the path whose agents run in another process
 
 
@@ -146,18 +156,10 @@ def agents_process() -> None:
     async def run() -> None:
         http = openai.DefaultAsyncHttpxClient()
         clients = [openai.AsyncOpenAI(base_url=spec["url"], api_key=k, max_retries=0, http_client=http) for k in spec["keys"]]
-        walls: list[list[float]] = [[] for _ in clients]
-
-        async def agent(a: int) -> None:
-            for i in range(spec["requests"]):
-                t0 = time.perf_counter()
-                await clients[a].chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=spec["max_tokens"])
-                walls[a].append(time.perf_counter() - t0)
-
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         t0 = time.perf_counter()
-        await asyncio.gather(*(agent(a) for a in range(len(clients))))
+        walls = await asyncio.gather(*(agent_walls(c, a, spec["requests"], spec["max_tokens"]) for a, c in enumerate(clients)))
         elapsed = time.perf_counter() - t0
         await http.aclose()
         print(json.dumps({"elapsed": elapsed, "walls": walls}), flush=True)
@@ -243,34 +245,27 @@ async def main(args: argparse.Namespace) -> None:
     }
 
     async def through(ep: Any, client_http: Any, agents: int) -> tuple[float, list[float], list[float], list[float]]:
-        wall: list[float] = []
-        added: list[float] = []
         ep.handler = []
         policy.took.clear()
         if client_http is ELSEWHERE:
             recs = [ep.open_episode(policy, params, seed=a) for a in range(agents)]
             elapsed, walls = await agents_elsewhere(ep.url, [r.key for r in recs], args.requests, args.max_tokens)
-            for a, ws in enumerate(walls):
-                wall += ws
-                added += [dt - policy.took[derive_seed(a, i)] for i, dt in enumerate(ws)]
             for r in recs:
                 ep.close_episode(r.key)
-            return elapsed, wall, added, ep.handler
+        else:
 
-        async def agent(a: int) -> None:
-            rec = ep.open_episode(policy, params, seed=a)
-            client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, http_client=client_http)
-            for i in range(args.requests):
-                t0 = time.perf_counter()
-                await client.chat.completions.create(model="agentenv", messages=messages(a, i), max_tokens=args.max_tokens)
-                dt = time.perf_counter() - t0
-                wall.append(dt)
-                added.append(dt - policy.took[derive_seed(a, i)])
-            ep.close_episode(rec.key)
+            async def agent(a: int) -> list[float]:
+                rec = ep.open_episode(policy, params, seed=a)
+                client = openai.AsyncOpenAI(base_url=ep.url, api_key=rec.key, max_retries=0, http_client=client_http)
+                walls = await agent_walls(client, a, args.requests, args.max_tokens)
+                ep.close_episode(rec.key)
+                return walls
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(agent(a) for a in range(agents)))
-        elapsed = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            walls = await asyncio.gather(*(agent(a) for a in range(agents)))
+            elapsed = time.perf_counter() - t0
+        wall = [dt for ws in walls for dt in ws]
+        added = [dt - policy.took[derive_seed(a, i)] for a, ws in enumerate(walls) for i, dt in enumerate(ws)]
         return elapsed, wall, added, ep.handler
 
     async def direct(agents: int) -> tuple[float, list[float]]:
