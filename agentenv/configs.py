@@ -171,6 +171,10 @@ class TrainerConfig(OptimizerConfig):
         eval_tasks: Held-out tasks per evaluation.
         eval_samples: Samples per held-out task (k of pass@k).
         eval_temperature: Sampling temperature of evaluation (0: greedy).
+        eval_greedy: Also evaluate the final model greedily (temperature 0),
+            when `eval_temperature` samples: `eval.json` holds that report under
+            `greedy`, the metrics log it as `eval_greedy/*`. A sampled
+            evaluation is one draw; a greedy one is the policy's mode.
         eval_seed: Seed of the evaluation's samples (None: `seed`). Fixed, runs
             of different seeds score with the same per-request sampling seeds, so
             their evaluations differ by what training did (and, on vLLM, by
@@ -214,6 +218,7 @@ class TrainerConfig(OptimizerConfig):
     eval_tasks: int = 64
     eval_samples: int = 1
     eval_temperature: float = 0.0
+    eval_greedy: bool = False
     eval_seed: int | None = None
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     max_failed_steps: int = 3

@@ -56,9 +56,23 @@ class EvalReport:
         return self.tool_stats.as_dict()
 
     def to_json(self) -> dict[str, object]:
-        """The report as the eval JSON holds it."""
+        """The report as the eval JSON holds it, with one record per task (`per_task`)."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("tool_stats", "groups")}
         out["tools"] = self.tools
+        out["per_task"] = self.per_task()
+        return out
+
+    def per_task(self) -> list[dict[str, object]]:
+        """Per task: its id and kind, each sample's correctness and reward, its tool calls (summed over samples)
+        and failed samples: what a paired task-level comparison of two runs is computed from."""
+        out: list[dict[str, object]] = []
+        for g in self.groups:
+            rewards, correct = episode_outcomes(g.trajectories)
+            out.append({
+                "task": g.task.id, "kind": str(g.task.metadata.get("kind", g.task.ability)),
+                "correct": [c == 1.0 for c in correct], "reward": [round(float(r), 6) for r in rewards],
+                "tool_calls": sum(t.num_tool_calls for t in g), "failed": sum(t.failed for t in g),
+            })  # fmt: skip
         return out
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:

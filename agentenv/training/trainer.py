@@ -268,13 +268,16 @@ class Trainer:
         self.run(self.rt.health_check())
         self.acc.wait_for_everyone()
 
-    def evaluate(self, n_tasks: int | None = None, step: int = 0) -> EvalReport | None:
-        """Held-out evaluation on the main process (others wait); warns of tools that failed in it."""
+    def evaluate(self, n_tasks: int | None = None, step: int = 0, temperature: float | None = None) -> EvalReport | None:
+        """Held-out evaluation on the main process (others wait); warns of tools that failed in it.
+
+        `temperature`: None for `trainer.eval_temperature`.
+        """
         tc = self.cfg.trainer
         report = None
         heldout = balanced_subset(self.rt.tasks.heldout, n_tasks or tc.eval_tasks)
         if self.acc.is_main_process and heldout:
-            params = self.cfg.policy.sampling_params(temperature=tc.eval_temperature)
+            params = self.cfg.policy.sampling_params(temperature=tc.eval_temperature if temperature is None else temperature)
             report = self.run(
                 evaluate(
                     self.rt.policy, self.rt.make_env, heldout,
@@ -327,9 +330,11 @@ class Trainer:
                     progress.update(task_id, advance=1, description=describe(metrics))
             self.batches.stop()  # the groups beyond the last step are not trained on
             final = self.evaluate(step=tc.steps)
+            greedy = self.evaluate(step=tc.steps, temperature=0.0) if tc.eval_greedy and tc.eval_temperature > 0 else None
             if final and self.logger:
-                self.logger.log(tc.steps, final.as_metrics())
-                (self.out / "eval.json").write_text(json.dumps(final.to_json(), indent=1, default=str))
+                self.logger.log(tc.steps, {**final.as_metrics(), **(greedy.as_metrics("eval_greedy/") if greedy else {})})
+                record = final.to_json() | ({"greedy": greedy.to_json()} if greedy else {})
+                (self.out / "eval.json").write_text(json.dumps(record, indent=1, default=str))
         finally:
             self.close()
         return TrainResult(tc.steps, self.out, final, initial)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
+from agentenv.configs import config_from_dict
 from agentenv.training.metrics import read_metrics
 from agentenv.training.scoring import sequence_logprobs
 from agentenv.training.trainer import Trainer
@@ -43,8 +47,10 @@ def test_few_steps_change_weights_and_policy_serves_them(fast_config):
         trainer.close()
 
 
-def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
-    result = Trainer(fast_config).train()
+def test_train_writes_metrics_checkpoints_and_eval(fast_overrides, tmp_path):
+    """... and an evaluation sampled at 0.7 with a greedy one beside it, each with its per-task records."""
+    cfg = config_from_dict({}, [*fast_overrides, "trainer.eval_temperature=0.7", "trainer.eval_greedy=true"])
+    result = Trainer(cfg).train()
     out = result.output_dir
     records = read_metrics(out / "metrics.jsonl")
     steps = [r["step"] for r in records if "rollout/reward" in r]
@@ -60,6 +66,15 @@ def test_train_writes_metrics_checkpoints_and_eval(fast_config, tmp_path):
     assert (out / "checkpoints" / "step_000002" / "trainer_state.json").exists()
     assert (out / "checkpoints" / "step_000002" / "model" / "config.json").exists()
     assert result.final_eval is not None and result.final_eval.n_tasks == 2
+    report = json.loads((out / "eval.json").read_text())
+    for rep in (report, report["greedy"]):  # per task: the records the accuracy is the mean of
+        tasks = rep["per_task"]
+        assert len(tasks) == 2 and all(len(t["correct"]) == 1 == len(t["reward"]) for t in tasks)
+        assert rep["accuracy"] == pytest.approx(sum(c for t in tasks for c in t["correct"]) / 2)
+        assert rep["tool_calls"] == pytest.approx(sum(t["tool_calls"] for t in tasks) / 2)
+    assert [t["task"] for t in report["per_task"]] == [t["task"] for t in report["greedy"]["per_task"]]
+    assert records[-1]["eval_greedy/accuracy"] == report["greedy"]["accuracy"]
+    assert records[-1]["eval/accuracy"] == report["accuracy"]
 
 
 def test_the_progress_bar_itemizes_the_step():
