@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from agentenv.bench.results import Probe, RunResult, pool_probes
 from agentenv.bench.stats import (
     Interval,
@@ -22,6 +24,7 @@ from agentenv.bench.stats import (
     Spread,
     binomial_error,
     by_kind_over_seeds,
+    crossed_bootstrap,
     curve,
     detectable_difference,
     final_mean,
@@ -425,6 +428,56 @@ def _eval_seed(run: RunResult) -> Any:
     return t.get("seed") if t.get("eval_seed") is None else t.get("eval_seed")
 
 
+def _per_task(run: RunResult, which: str) -> dict[str, float]:
+    """task id -> the share of its samples that were correct, from `eval.json`'s per-task records
+    (`which`: "sampled", the trainer's evaluation, or "greedy", its greedy one); {} without records."""
+    rep = run.eval if which == "sampled" else run.eval.get("greedy", {})
+    return {str(t["task"]): sum(t["correct"]) / len(t["correct"]) for t in rep.get("per_task", []) if t["correct"]}
+
+
+def evaluation_table(runs: Sequence[RunResult], confidence: float = 0.95) -> str:
+    """Each variant's final evaluation, sampled and greedy, from the per-task records: accuracy over seeds
+    [t], the difference from the first variant with a crossed task x seed bootstrap interval, and tool calls
+    per answer [t over seeds]. Empty when the runs kept no per-task records."""
+    order = list(dict.fromkeys(r.variant for r in runs))
+    if not order or not any(_per_task(r, "sampled") for r in runs):
+        return ""
+    by = {(r.variant, r.seed): r for r in runs}
+    seeds = sorted({r.seed for r in runs})
+    temp = _eval_temperature(runs[0])
+    lines = [
+        f"| variant | evaluation | accuracy [{confidence:.0%} t over seeds] | Δ vs {order[0]} "
+        f"[{confidence:.0%} task x seed bootstrap] | tool calls per answer [t over seeds] |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for which, label in (("sampled", f"sampled at T={temp}, eval_seed fixed"), ("greedy", "greedy (T=0)")):
+        for name in order:
+            mine = {sd: _per_task(by[name, sd], which) for sd in seeds if (name, sd) in by}
+            mine = {sd: m for sd, m in mine.items() if m}
+            if not mine:
+                continue
+            acc = t_interval((sum(m.values()) / len(m) for m in mine.values()), confidence)
+            rep = [by[name, sd].eval if which == "sampled" else by[name, sd].eval.get("greedy", {}) for sd in mine]
+            calls = t_interval((float(r.get("tool_calls", math.nan)) for r in rep), confidence)  # per sample: per answer
+            diff = "—"
+            if name != order[0]:
+                ref = {sd: _per_task(by[order[0], sd], which) for sd in mine if (order[0], sd) in by}
+                both = [sd for sd in mine if ref.get(sd)]
+                tasks = sorted(set.intersection(*(set(mine[sd]) & set(ref[sd]) for sd in both))) if both else []
+                if tasks:
+                    d = np.array([[mine[sd][t] - ref[sd][t] for t in tasks] for sd in both])
+                    iv = crossed_bootstrap(d, confidence)
+                    shown = f"{iv.mean:+.3f} [every difference equal]" if iv.degenerate else fmt_interval(iv, signed=True)
+                    diff = f"{shown} ({len(both)} seeds x {len(tasks)} tasks)"
+            lines.append(f"| {name} | {label} | {fmt_interval(acc)} | {diff} | {fmt_interval(calls, '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def _eval_temperature(run: RunResult) -> Any:
+    path = Path(run.output_dir) / "config.json"
+    return (json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}).get("eval_temperature", "?")
+
+
 def markdown_report(
     bench: BenchConfig, runs: Sequence[RunResult], rows: Sequence[VariantRow], last: int, plots: dict[str, Path]
 ) -> str:
@@ -472,6 +525,8 @@ def markdown_report(
         "",
         kind_table(rows),
         "",
+        *(("The final evaluations from their per-task records (paired by seed and task; * excludes 0):", "",
+           table, "") if (table := evaluation_table(runs, bench.confidence)) else ()),
         f"A training step itemized (mean over the last {last} steps; train s: summed step times per run):",
         "",
         timing_table(rows, last),

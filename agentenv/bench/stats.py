@@ -207,6 +207,25 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out
 
 
+def crossed_bootstrap(diffs: np.ndarray, confidence: float = 0.95, reps: int = 4000, seed: int = 0) -> Interval:
+    """Mean of a seeds x tasks matrix of paired differences with a crossed percentile bootstrap interval.
+
+    Every replicate draws the seeds and the tasks with replacement, independently (rows and columns: a
+    run's seed and the held-out task are both sampled units), and takes the mean of the resampled matrix;
+    the interval is the replicates' central `confidence` share. Seeded: the same input gives the same interval.
+    """
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.ndim != 2 or d.size == 0 or not np.isfinite(d).all():
+        raise ValueError(f"need a finite seeds x tasks matrix, got shape {d.shape}")
+    s, t = d.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(reps)
+    for i in range(reps):
+        means[i] = d[rng.integers(s, size=s)][:, rng.integers(t, size=t)].mean()
+    lo, hi = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Interval(float(d.mean()), float(lo), float(hi), int(s * t), confidence)
+
+
 def binomial_error(p: float, n: int) -> float:
     """Standard error of a share p measured on n independent episodes: √(p(1-p)/n) (nan without any)."""
     return math.sqrt(p * (1 - p) / n) if n > 0 and math.isfinite(p) else float("nan")

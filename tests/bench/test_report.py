@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agentenv.bench.config import bench_config_from_dict
-from agentenv.bench.report import fmt_interval, pairing_check, write_report
+from agentenv.bench.report import evaluation_table, fmt_interval, pairing_check, write_report
 from agentenv.bench.results import Probe, RunResult
 from agentenv.bench.stats import Interval, PositionEntropy
 
@@ -172,3 +172,44 @@ def test_report_only_rewrites_the_report_from_runs_an_older_config_made(tmp_path
     (tmp_path / "runs" / "b" / "seed1" / RUN_FILE).unlink()
     with pytest.raises(ConfigError, match=f"no finished run .*{tmp_path / 'runs' / 'b' / 'seed1'}"):
         report_only(bench)
+
+
+def test_the_evaluation_table_pairs_task_by_task_over_seeds_sampled_and_greedy(tmp_path):
+    """Per-task records in eval.json: b is right on 3 of 4 tasks where a is right on 2 (every seed), so the
+    crossed bootstrap's every replicate is a mean of +0.25-or-so differences; greedy, b gains nothing."""
+    runs = []
+    for v in "ab":
+        for sd in (0, 1, 2):
+            r = _run(tmp_path, v, sd)
+            right = {"a": [1, 1, 0, 0], "b": [1, 1, 1, 0]}[v]
+            r.eval["per_task"] = [{"task": f"t{i}", "correct": [bool(c)], "tool_calls": 2} for i, c in enumerate(right)]
+            r.eval["tool_calls"] = 2.0  # per sample (one per task here)
+            r.eval["greedy"] = {"n_tasks": 4, "n_samples": 4, "tool_calls": 1.0,
+                                "per_task": [{"task": f"t{i}", "correct": [i < 2], "tool_calls": 1} for i in range(4)]}
+            runs.append(r)
+    table = evaluation_table(runs)
+    rows = ([x.strip() for x in line.strip("|").split("|")] for line in table.splitlines()[2:])
+    lines = {(c[0], c[1]): c for c in rows}  # (variant, evaluation) -> accuracy, difference, tool calls per answer
+    sampled = "sampled at T=?, eval_seed fixed"  # the hand-made config.json names no temperature
+    assert lines["b", sampled][3].startswith("+0.250 [") and lines["b", sampled][3].endswith("(3 seeds x 4 tasks)")
+    assert lines["a", sampled][2] == "0.500 [all 3 seeds equal]" and lines["a", sampled][3] == "—"
+    assert lines["a", sampled][4] == "2.00 [all 3 seeds equal]"
+    assert lines["b", "greedy (T=0)"][3] == "+0.000 [every difference equal] (3 seeds x 4 tasks)"
+    assert lines["a", "greedy (T=0)"][4] == "1.00 [all 3 seeds equal]"
+    assert evaluation_table([_run(tmp_path / "x", "a", 0)]) == ""  # no per-task records: no table
+
+
+def test_crossed_bootstrap_resamples_seeds_and_tasks():
+    import numpy as np
+
+    from agentenv.bench.stats import crossed_bootstrap
+
+    same = crossed_bootstrap(np.full((3, 5), 0.2))
+    assert (same.mean, same.low, same.high) == pytest.approx((0.2, 0.2, 0.2))
+    d = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])  # mean 0.375
+    a, b = crossed_bootstrap(d), crossed_bootstrap(d)
+    assert a == b and a.low < 0.375 < a.high and a.n == 8  # seeded: the same interval
+    wider = crossed_bootstrap(np.vstack([d, [[5.0, -5.0, 5.0, -5.0]]]))  # a seed far off widens it
+    assert wider.high - wider.low > a.high - a.low
+    with pytest.raises(ValueError):
+        crossed_bootstrap(np.array([1.0, 2.0]))
