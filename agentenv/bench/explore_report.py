@@ -74,6 +74,7 @@ class TaskStats:
     probes: int
     branched: int
     correct: int
+    trajectories: int  # that ran, failed ones included (what the cap counts, with the episodes refused at start)
     pass_at_k: float = math.nan
     k: int = 0
 
@@ -123,7 +124,7 @@ def task_stats(records: Iterable[TrajRecord]) -> dict[tuple[int, str, str], Task
             acc_per_traj=sum(r.correct for r in att) / len(att) if att else math.nan,
             paid=sum(r.paid for r in rs), refused=sum(r.refused for r in rs), gen_tokens=sum(r.gen_tokens for r in rs),
             reread_tokens=sum(r.reread_tokens for r in rs), probes=sum(len(r.probes) for r in rs),
-            branched=sum(b for r in rs for _, b in r.probes), correct=sum(r.correct for r in att),
+            branched=sum(b for r in rs for _, b in r.probes), correct=sum(r.correct for r in att), trajectories=len(rs),
         )  # fmt: skip
     fewest: dict[tuple[int, str], int] = {}
     for (B, _, tid), s in out.items():
@@ -153,6 +154,7 @@ class ArmRow:
     cells: dict[str, Interval]
     branch_share: float  # probes that branched / probes (nan without probes)
     mean_k: float
+    most: int  # the most trajectories any task ran in this arm (against the cap, cap_per_call x B)
 
 
 @dataclass
@@ -185,7 +187,7 @@ def arm_rows(stats: dict[tuple[int, str, str], TaskStats], arms: Sequence[str], 
                 cells[m] = t_interval((metric(s, m) for s in ss), confidence)
             probes = sum(s.probes for s in ss)
             rows.append(ArmRow(B, arm, len(ss), cells, sum(s.branched for s in ss) / probes if probes else math.nan,
-                               sum(s.k for s in ss) / len(ss)))  # fmt: skip
+                               sum(s.k for s in ss) / len(ss), max(s.trajectories for s in ss)))  # fmt: skip
     return rows
 
 
@@ -259,12 +261,12 @@ ARM_COLUMNS = ("pass@budget", "majority", "top-scored", "acc/traj", "pass@k", "a
 
 def arms_markdown(rows: Sequence[ArmRow]) -> str:
     """Each arm's means over tasks: Wilson 95% intervals for pass@budget, majority and top-scored, t for the rest."""
-    head = "| B | arm | tasks | " + " | ".join(ARM_COLUMNS) + " | k of pass@k | probes branched |"
-    lines = [head, "|" + "---:|" * 2 + "---:|" * (len(ARM_COLUMNS) + 3)]
+    head = "| B | arm | tasks | " + " | ".join(ARM_COLUMNS) + " | k of pass@k | probes branched | most trajectories |"
+    lines = [head, "|" + "---:|" * 2 + "---:|" * (len(ARM_COLUMNS) + 4)]
     for r in rows:
         cells = [_iv(r.cells[c], "{:.1f}" if c in ARM_COLUMNS[5:] else "{:.3f}") for c in ARM_COLUMNS]
         share = "—" if not math.isfinite(r.branch_share) else f"{r.branch_share:.0%}"
-        lines.append(f"| {r.budget} | {r.arm} | {r.tasks} | " + " | ".join(cells) + f" | {r.mean_k:.2f} | {share} |")
+        lines.append(f"| {r.budget} | {r.arm} | {r.tasks} | " + " | ".join(cells) + f" | {r.mean_k:.2f} | {share} | {r.most} |")
     return "\n".join(lines)
 
 

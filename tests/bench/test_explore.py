@@ -235,5 +235,6 @@ def test_comparisons_pair_by_task_with_mcnemar_and_holm():
     assert c["majority"].p_holm == 1.0
     arpo = next(r for r in rows if r.arm == "arpo")
     assert arpo.cells["pass@budget"].low >= 0.0 and arpo.cells["attempts"].mean == 3.0  # Wilson: never below 0
+    assert arpo.most == 3 and next(r for r in rows if r.arm == "grpo").most == 1
     assert "| 4 | arpo − grpo | pass@budget | +0.600" in text
     assert compare(task_stats(recs), ["grpo"]) == []  # no pair, no comparison
