@@ -20,7 +20,8 @@ each chunk of tasks finishes), `table.md`, and `curves.png` (accuracy against
 tool calls and tokens over the budgets). `--resume` keeps the records already
 there and measures only the (budget, task) pairs they lack, each with the seed
 an uninterrupted run gives it. `--report-only` samples nothing and reports
-`--out`'s records (several directories may be given with `--merge`).
+`--out`'s records (`--merge` pools other directories' records of the same
+tasks: a run at more budgets on a subset of the tasks, for the curves).
 """
 
 from __future__ import annotations
@@ -101,14 +102,17 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/explore_budget")
     ap.add_argument("--resume", action="store_true", help="keep --out's records; measure only what they lack")
     ap.add_argument("--report-only", action="store_true", help="sample nothing: the report of --out's records")
-    ap.add_argument("--merge", nargs="*", default=[], help="with --report-only: more record directories to pool")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="with --report-only: more record directories to pool (their records of --out's tasks)")  # fmt: skip
     args = ap.parse_args()
 
     from agentenv.bench.explore import ExploreConfig, budgeted_env_factory, default_trees, explore
 
     out = Path(args.out)
     if args.report_only:
-        got = read_records(out) + [r for d in args.merge for r in read_records(Path(d))]
+        got = read_records(out)
+        ids = {r.task_id for r in got}
+        got += [r for d in args.merge for r in read_records(Path(d)) if r.task_id in ids]
         head = (out / "table.md").read_text().split("\n\n")[0] if (out / "table.md").exists() else ""
         print(write_report(out, got, head), flush=True)
         return

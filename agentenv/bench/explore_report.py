@@ -21,7 +21,8 @@ over tasks, the exact McNemar p-value for the binary metrics (a paired t test
 for the others), Holm's correction over every comparison one report makes, and
 the smallest difference the comparison detects (paired t, noncentral t power
 80%, from the observed spread of the differences). Single proportions get
-Wilson intervals.
+Wilson intervals; means of per-task shares (accuracy per trajectory, pass@k) a
+percentile bootstrap over tasks.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agentenv.bench.explore import INDEPENDENT, MAIN_TREE, MATCHED, TrajRecord
 from agentenv.bench.stats import (
     Interval,
+    crossed_bootstrap,
     detectable_difference,
     holm,
     mcnemar_exact,
@@ -174,7 +178,8 @@ class Comparison:
 
 
 def arm_rows(stats: dict[tuple[int, str, str], TaskStats], arms: Sequence[str], confidence: float = 0.95) -> list[ArmRow]:
-    """Per budget and arm: Wilson intervals for the binary metrics, t intervals over tasks for the others."""
+    """Per budget and arm: Wilson intervals for the binary metrics, a bootstrap over tasks for the means of per-task
+    shares, t intervals over tasks for the counts."""
     rows = []
     for B in sorted({k[0] for k in stats}):
         ids = _common(stats, B, arms)
@@ -183,7 +188,10 @@ def arm_rows(stats: dict[tuple[int, str, str], TaskStats], arms: Sequence[str], 
             if not ss:
                 continue
             cells = {m: wilson_interval(sum(metric(s, m) > 0 for s in ss), len(ss), confidence) for m in BINARY}
-            for m in (*CONTINUOUS, "attempts", "tool calls", "refused", "gen tokens", "re-read tokens"):
+            for m in CONTINUOUS:  # means of per-task shares: a percentile bootstrap over tasks stays in [0, 1]
+                vals = [metric(s, m) for s in ss if math.isfinite(metric(s, m))]
+                cells[m] = crossed_bootstrap(np.array([vals]), confidence) if vals else t_interval([], confidence)
+            for m in ("attempts", "tool calls", "refused", "gen tokens", "re-read tokens"):
                 cells[m] = t_interval((metric(s, m) for s in ss), confidence)
             probes = sum(s.probes for s in ss)
             rows.append(ArmRow(B, arm, len(ss), cells, sum(s.branched for s in ss) / probes if probes else math.nan,
@@ -260,7 +268,8 @@ ARM_COLUMNS = ("pass@budget", "majority", "top-scored", "acc/traj", "pass@k", "a
 
 
 def arms_markdown(rows: Sequence[ArmRow]) -> str:
-    """Each arm's means over tasks: Wilson 95% intervals for pass@budget, majority and top-scored, t for the rest."""
+    """Each arm's means over tasks: Wilson 95% intervals for pass@budget, majority and top-scored, a bootstrap over
+    tasks for acc/traj and pass@k, t for the counts."""
     head = "| B | arm | tasks | " + " | ".join(ARM_COLUMNS) + " | k of pass@k | probes branched | most trajectories |"
     lines = [head, "|" + "---:|" * 2 + "---:|" * (len(ARM_COLUMNS) + 4)]
     for r in rows:
@@ -286,6 +295,36 @@ def comparisons_markdown(comps: Sequence[Comparison]) -> str:
     return "\n".join(lines)
 
 
+def summary_markdown(rows: Sequence[ArmRow], comps: Sequence[Comparison]) -> str:
+    """The two tables the docs quote: each arm's accuracies and costs, and each comparison's differences on the
+    four single-answer and best-of-n metrics (difference [95% CI], Holm-adjusted p) with the majority vote's
+    detectable difference."""
+    lines = [
+        "| B | arm | pass@budget | majority | top-scored | acc/traj | pass@k (k) | attempts | tool calls paid / refused "
+        "| tokens generated + re-read | probes branched |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        c = r.cells
+        share = "—" if not math.isfinite(r.branch_share) else f"{r.branch_share:.0%}"
+        lines.append(
+            f"| {r.budget} | {r.arm} | {_iv(c['pass@budget'])} | {_iv(c['majority'])} | {_iv(c['top-scored'])} | "
+            f"{_iv(c['acc/traj'])} | {c['pass@k'].mean:.3f} ({r.mean_k:.1f}) | {c['attempts'].mean:.1f} | "
+            f"{c['tool calls'].mean:.1f} / {c['refused'].mean:.1f} | "
+            f"{c['gen tokens'].mean:.0f} + {c['re-read tokens'].mean:.0f} | {share} |"
+        )
+    lines += ["", "| B | comparison | majority | top-scored | acc/traj | pass@k | pass@budget | majority detectable |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    by = {(c.budget, c.arm, c.against, c.metric): c for c in comps}
+    for B, arm, against in dict.fromkeys((c.budget, c.arm, c.against) for c in comps):
+        cells = []
+        for m in ("majority", "top-scored", "acc/traj", "pass@k", "pass@budget"):
+            comp = by[B, arm, against, m]
+            cells.append(f"{_iv(comp.diff, signed=True)} (p {comp.p_holm:.2g})")
+        lines.append(f"| {B} | {arm} − {against} | " + " | ".join(cells) + f" | {by[B, arm, against, 'majority'].mde:.3f} |")
+    return "\n".join(lines)
+
+
 def report(records: Sequence[TrajRecord], confidence: float = 0.95) -> tuple[str, list[ArmRow], list[Comparison]]:
     """The two tables of a run's records (arms in the order they first appear)."""
     arms = list(dict.fromkeys(r.arm for r in records))
@@ -293,9 +332,12 @@ def report(records: Sequence[TrajRecord], confidence: float = 0.95) -> tuple[str
     rows = arm_rows(stats, arms, confidence)
     comps = compare(stats, arms, confidence)
     text = (
-        "Arms (mean over tasks; pass@budget, majority and top-scored: Wilson 95% intervals; the rest: t intervals "
-        "over tasks):\n\n" + arms_markdown(rows) + "\n\nComparisons, paired by task (* Holm-adjusted p < 0.05):\n\n"
-        + comparisons_markdown(comps)
+        "Summary (pass@budget, majority, top-scored: Wilson 95% intervals; acc/traj: bootstrap over tasks; "
+        "comparisons: paired by task, t interval, Holm-adjusted p of exact McNemar or paired t; detectable: at "
+        "80% power):\n\n" + summary_markdown(rows, comps) + "\n\n"
+        "Arms (mean over tasks; pass@budget, majority and top-scored: Wilson 95% intervals; acc/traj and pass@k: "
+        "percentile bootstrap over tasks; the counts: t intervals over tasks):\n\n" + arms_markdown(rows) + "\n\n"
+        "Comparisons, paired by task (* Holm-adjusted p < 0.05):\n\n" + comparisons_markdown(comps)
     )
     return text, rows, comps
 
