@@ -97,6 +97,10 @@ def main() -> None:
     ap.add_argument("--random-tau", type=float, default=0.5, help="the random tree's branching probability per probe")
     ap.add_argument("--minority-tau", type=float, default=None,
                     help="τ of the arpo_minority arm (threshold rule): α + β·q for a high quantile q of ΔH")  # fmt: skip
+    ap.add_argument("--calibrate", type=int, default=0, metavar="N",
+                    help="first run the arpo tree alone on N held-out tasks that are not measured (the split's "
+                         "own distribution; raise env.tasks.n_heldout to have them) and set --random-tau to its share "
+                         "of probes that branched and --minority-tau to the ΔH threshold a quarter of its probes pass")  # fmt: skip
     ap.add_argument("--tasks-at-once", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/explore_budget")
@@ -107,6 +111,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentenv.bench.explore import ExploreConfig, budgeted_env_factory, default_trees, explore
+    from agentenv.bench.explore_report import calibrate
 
     out = Path(args.out)
     if args.report_only:
@@ -125,31 +130,54 @@ def main() -> None:
     cfg = load_config(args.config, args.overrides)
     algo = cfg.algorithm_config
     arpo = {k: getattr(algo, k) for k in ARPO_KEYS if hasattr(algo, k)}
-    ex = ExploreConfig(tuple(args.budgets), args.cap_per_call, args.width, arpo,
-                       default_trees(args.random_tau, args.minority_tau), True, args.tasks_at_once, args.seed)  # fmt: skip
+    if args.resume and args.calibrate:
+        ap.error("--resume keeps the first run's thresholds: give its --random-tau and --minority-tau (its table.md "
+                 "says them) instead of --calibrate")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     kept = read_records(out) if args.resume else []
-    have = {(r.budget, r.task_id, r.arm) for r in kept}
-    done = {(b, t) for b, t, _ in have if all((b, t, a) in have for a in ex.arms)}
-    kept = [r for r in kept if (r.budget, r.task_id) in done]
-    write_records(out / RECORDS, kept, "w")
     t0 = time.perf_counter()
     rt = build_runtime(cfg, args.checkpoint)
     start_s = time.perf_counter() - t0
+    env_for = lambda b: budgeted_env_factory(cfg.env, rt.tools, rt.tokenizer, b)  # noqa: E731
+    params = cfg.policy.sampling_params()
     tasks = balanced_subset(rt.tasks.heldout, args.tasks)
     if len(tasks) < args.tasks:
         print(f"warning: only {len(tasks)} held-out tasks (asked for {args.tasks})", file=sys.stderr)
-    params = cfg.policy.sampling_params()
 
     def progress(msg: str) -> None:
         print(f"[explore {time.perf_counter() - t0:.0f}s] {msg}", file=sys.stderr, flush=True)
 
+    measured = {t.id for t in tasks}
+    spare = balanced_subset([t for t in rt.tasks.heldout if t.id not in measured], args.calibrate)
+    if len(spare) < args.calibrate:
+        ap.error(f"--calibrate {args.calibrate} needs that many held-out tasks besides the {len(tasks)} measured; "
+                 f"there are {len(spare)}: raise env.tasks.n_heldout")  # fmt: skip
+    calibration = ""
+
+    async def sample() -> tuple[ExploreConfig, list, list]:
+        nonlocal calibration
+        if args.calibrate:  # one event loop for the pilot and the run: the engine's client is bound to it
+            pilot = ExploreConfig(tuple(args.budgets), args.cap_per_call, args.width, arpo, {"arpo": {}}, False,
+                                  args.tasks_at_once, args.seed + 1)  # fmt: skip
+            got = await explore(pilot, rt.policy, env_for, rt.tokenizer, spare, params, progress)
+            try:
+                args.random_tau, args.minority_tau, calibration = calibrate(got, arpo.get("alpha", 0.5), arpo.get("beta", 0.2))
+            except ValueError as e:
+                raise SystemExit(f"calibration: {e}") from None
+            progress(calibration)
+        ex = ExploreConfig(tuple(args.budgets), args.cap_per_call, args.width, arpo,
+                           default_trees(args.random_tau, args.minority_tau), True, args.tasks_at_once, args.seed)  # fmt: skip
+        have = {(r.budget, r.task_id, r.arm) for r in kept}
+        done = {(b, t) for b, t, _ in have if all((b, t, a) in have for a in ex.arms)}
+        keep = [r for r in kept if (r.budget, r.task_id) in done]
+        write_records(out / RECORDS, keep, "w")
+        new = await explore(ex, rt.policy, env_for, rt.tokenizer, tasks, params, progress, done=done,
+                            on_chunk=lambda rs: write_records(out / RECORDS, rs, "a"))  # fmt: skip
+        return ex, keep, new
+
     t1 = time.perf_counter()
     try:
-        new = asyncio.run(
-            explore(ex, rt.policy, lambda b: budgeted_env_factory(cfg.env, rt.tools, rt.tokenizer, b), rt.tokenizer,
-                    tasks, params, progress, done=done, on_chunk=lambda rs: write_records(out / RECORDS, rs, "a"))  # fmt: skip
-        )
+        ex, kept, new = asyncio.run(sample())
     finally:
         asyncio.run(rt.aclose())
     run_s = time.perf_counter() - t1
@@ -160,7 +188,7 @@ def main() -> None:
         f"model {args.checkpoint or cfg.model.path}; {len(tasks)} held-out tasks ({kinds}); budgets {args.budgets}; "
         f"arms {list(ex.arms)}; trees {ex.trees}; at most {args.cap_per_call} x B trajectories, {ex.width} in flight "
         f"per task; ARPO {arpo}; temperature {params.temperature}; {prefix_caching(cfg)}; "
-        f"engine start {start_s:.0f} s, sampling {run_s:.0f} s"
+        f"engine start {start_s:.0f} s, sampling {run_s:.0f} s" + (f"; {calibration}" if calibration else "")
         + (f" (resumed: {len(new)} records sampled now, {len(records) - len(new)} kept)" if args.resume else "")
         + "\n"
         f"command: python benchmarks/explore_budget.py {' '.join(sys.argv[1:])}\n"

@@ -342,6 +342,31 @@ def report(records: Sequence[TrajRecord], confidence: float = 0.95) -> tuple[str
     return text, rows, comps
 
 
+def calibrate(records: Sequence[TrajRecord], alpha: float, beta: float, minority: float = 0.25) -> tuple[float, float, str]:
+    """Thresholds of the control trees, from a pilot's `arpo` probes (on tasks the run does not measure).
+
+    Returns:
+        (random τ, minority τ, a note saying how): the random tree's τ is the share of the entropy rule's probes
+        that branched, so both branch as often; the minority arm's τ = α + β·q, q the ΔH quantile that only
+        `minority` of the probes exceed, so the threshold rule branches on about that share.
+
+    Raises:
+        ValueError: No probe to calibrate on, or a threshold that is no probability.
+    """
+    probes = [p for r in records if r.arm == MAIN_TREE for p in r.probes]
+    if not probes:
+        raise ValueError("the pilot's arpo tree made no probe (no tool result to branch after)")
+    share = sum(bool(b) for _, b in probes) / len(probes)
+    q = float(np.quantile([float(dh) for dh, _ in probes], 1 - minority))
+    tau = round(alpha + beta * q, 6)
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"the minority threshold α + β·q = {tau} is no probability")
+    note = (f"calibrated on {len({r.task_id for r in records})} unmeasured held-out tasks: arpo branched at "
+            f"{share:.1%} of {len(probes)} probes -> random tree τ {share:.4f}; ΔH q{100 * (1 - minority):.0f} "
+            f"{q:+.5f} -> minority τ {tau}")  # fmt: skip
+    return round(share, 4), tau, note
+
+
 def plot_curves(rows: Sequence[ArmRow], path: str) -> None:
     """pass@budget and majority accuracy against tool calls paid and against tokens (generated + re-read), per arm."""
     import matplotlib

@@ -238,3 +238,18 @@ def test_comparisons_pair_by_task_with_mcnemar_and_holm():
     assert arpo.most == 3 and next(r for r in rows if r.arm == "grpo").most == 1
     assert "| 4 | arpo − grpo | pass@budget | +0.600" in text
     assert compare(task_stats(recs), ["grpo"]) == []  # no pair, no comparison
+
+
+def test_calibration_matches_the_random_tree_s_rate_and_puts_the_minority_threshold_at_a_quantile():
+    from agentenv.bench.explore_report import calibrate
+
+    dh = [i / 100 - 0.5 for i in range(101)]  # ΔH from -0.5 to 0.5; the rule branched where ΔH > 0.2 (30 probes)
+    recs = [_rec("a", "arpo", 0, "7", False, probes=[[x, x > 0.2] for x in dh]), _rec("a", "grpo", 0, "7", False)]
+    rand, tau, note = calibrate(recs, alpha=0.5, beta=0.2)
+    assert rand == pytest.approx(30 / 101, abs=1e-4)
+    assert tau == pytest.approx(0.5 + 0.2 * 0.25)  # q75 of ΔH is 0.25
+    assert "30 probes" not in note and "101 probes" in note
+    with pytest.raises(ValueError, match="no probe"):
+        calibrate([_rec("a", "grpo", 0, "7", False)], 0.5, 0.2)
+    with pytest.raises(ValueError, match="no probability"):
+        calibrate(recs, alpha=0.9, beta=1.0)
