@@ -98,9 +98,9 @@ def main() -> None:
     ap.add_argument("--minority-tau", type=float, default=None,
                     help="τ of the arpo_minority arm (threshold rule): α + β·q for a high quantile q of ΔH")  # fmt: skip
     ap.add_argument("--calibrate", type=int, default=0, metavar="N",
-                    help="first run the arpo tree alone on N held-out tasks that are not measured (the split's "
-                         "own distribution; raise env.tasks.n_heldout to have them) and set --random-tau to its share "
-                         "of probes that branched and --minority-tau to the ΔH threshold a quarter of its probes pass")  # fmt: skip
+                    help="first run the arpo tree alone on N of the measured tasks under another seed (--seed + 1; "
+                         "only its probes are read, never an answer) and set --random-tau to its share of probes "
+                         "that branched and --minority-tau to the ΔH threshold a quarter of its probes pass")  # fmt: skip
     ap.add_argument("--tasks-at-once", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/explore_budget")
@@ -147,11 +147,7 @@ def main() -> None:
     def progress(msg: str) -> None:
         print(f"[explore {time.perf_counter() - t0:.0f}s] {msg}", file=sys.stderr, flush=True)
 
-    measured = {t.id for t in tasks}
-    spare = balanced_subset([t for t in rt.tasks.heldout if t.id not in measured], args.calibrate)
-    if len(spare) < args.calibrate:
-        ap.error(f"--calibrate {args.calibrate} needs that many held-out tasks besides the {len(tasks)} measured; "
-                 f"there are {len(spare)}: raise env.tasks.n_heldout")  # fmt: skip
+    pilot_tasks = balanced_subset(tasks, args.calibrate)  # the measured tasks' own probes, under another seed
     calibration = ""
 
     async def sample() -> tuple[ExploreConfig, list, list]:
@@ -159,7 +155,7 @@ def main() -> None:
         if args.calibrate:  # one event loop for the pilot and the run: the engine's client is bound to it
             pilot = ExploreConfig(tuple(args.budgets), args.cap_per_call, args.width, arpo, {"arpo": {}}, False,
                                   args.tasks_at_once, args.seed + 1)  # fmt: skip
-            got = await explore(pilot, rt.policy, env_for, rt.tokenizer, spare, params, progress)
+            got = await explore(pilot, rt.policy, env_for, rt.tokenizer, pilot_tasks, params, progress)
             try:
                 args.random_tau, args.minority_tau, calibration = calibrate(got, arpo.get("alpha", 0.5), arpo.get("beta", 0.2))
             except ValueError as e:

@@ -343,7 +343,8 @@ def report(records: Sequence[TrajRecord], confidence: float = 0.95) -> tuple[str
 
 
 def calibrate(records: Sequence[TrajRecord], alpha: float, beta: float, minority: float = 0.25) -> tuple[float, float, str]:
-    """Thresholds of the control trees, from a pilot's `arpo` probes (on tasks the run does not measure).
+    """Thresholds of the control trees, from a pilot's `arpo` probes (the measured tasks under another seed: the
+    probes' ΔH and decisions are read, never an answer; a pilot on other tasks can branch at another rate).
 
     Returns:
         (random τ, minority τ, a note saying how): the random tree's τ is the share of the entropy rule's probes
@@ -361,7 +362,7 @@ def calibrate(records: Sequence[TrajRecord], alpha: float, beta: float, minority
     tau = round(alpha + beta * q, 6)
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"the minority threshold α + β·q = {tau} is no probability")
-    note = (f"calibrated on {len({r.task_id for r in records})} unmeasured held-out tasks: arpo branched at "
+    note = (f"calibrated on {len({r.task_id for r in records})} tasks under another seed: arpo branched at "
             f"{share:.1%} of {len(probes)} probes -> random tree τ {share:.4f}; ΔH q{100 * (1 - minority):.0f} "
             f"{q:+.5f} -> minority τ {tau}")  # fmt: skip
     return round(share, 4), tau, note
