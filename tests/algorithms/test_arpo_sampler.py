@@ -467,9 +467,14 @@ def test_same_seed_same_tree(tok):
     policy = TreePolicy(tok, two_searches, entropy(1.0, 2.0))
     a, b = (run(TreeSampler(cfg), policy, env_factory(tok), seed=11) for _ in range(2))
     c = run(TreeSampler(cfg), policy, env_factory(tok), seed=12)
-    assert [t.token_ids for t in a.trajectories] == [t.token_ids for t in b.trajectories]
-    assert [t.branch_token for t in a.trajectories] == [t.branch_token for t in b.trajectories]
-    assert [t.token_ids for t in a.trajectories] != [t.token_ids for t in c.trajectories]
+
+    def tree(g):  # path label -> (tokens, branch point): a path's seed comes from its place in the tree, while the
+        # order paths start in follows when their tool results come back (framed off the loop, in a thread)
+        return {t.info["arpo"]["path"]: (t.token_ids, t.branch_token) for t in g.trajectories}
+
+    assert len(tree(a)) == len(a.trajectories) == 8
+    assert tree(a) == tree(b)
+    assert tree(a)["i0"][0] != tree(c)["i0"][0]  # another seed: the first initial path already differs
 
 
 # --------------------------------------------------------------------------- token accounting
