@@ -422,9 +422,14 @@ def _batches(run: RunResult) -> dict[int, list[str]]:
     return {int(d["step"]): list(d["tasks"]) for d in map(json.loads, path.read_text().splitlines()) if d}
 
 
-def _eval_seed(run: RunResult) -> Any:
+def _trainer_section(run: RunResult) -> dict[str, Any]:
+    """The run's `trainer` config section, from its config.json ({} without one)."""
     path = Path(run.output_dir) / "config.json"
-    t = json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}
+    return json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}
+
+
+def _eval_seed(run: RunResult) -> Any:
+    t = _trainer_section(run)
     return t.get("seed") if t.get("eval_seed") is None else t.get("eval_seed")
 
 
@@ -444,7 +449,7 @@ def evaluation_table(runs: Sequence[RunResult], confidence: float = 0.95) -> str
         return ""
     by = {(r.variant, r.seed): r for r in runs}
     seeds = sorted({r.seed for r in runs})
-    temp = _eval_temperature(runs[0])
+    temp = _trainer_section(runs[0]).get("eval_temperature", "?")
     lines = [
         f"| variant | evaluation | accuracy [{confidence:.0%} t over seeds] | Δ vs {order[0]} "
         f"[{confidence:.0%} task x seed bootstrap] | tool calls per answer [t over seeds] |",
@@ -471,11 +476,6 @@ def evaluation_table(runs: Sequence[RunResult], confidence: float = 0.95) -> str
                     diff = f"{shown} ({len(both)} seeds x {len(tasks)} tasks)"
             lines.append(f"| {name} | {label} | {fmt_interval(acc)} | {diff} | {fmt_interval(calls, '{:.2f}')} |")
     return "\n".join(lines)
-
-
-def _eval_temperature(run: RunResult) -> Any:
-    path = Path(run.output_dir) / "config.json"
-    return (json.loads(path.read_text()).get("trainer", {}) if path.exists() else {}).get("eval_temperature", "?")
 
 
 def markdown_report(
